@@ -1,0 +1,239 @@
+//! Exports, their lifecycle, signals, and the graceful drain.
+//!
+//! Each export has a listener thread that accepts one frontend at a time and serves its
+//! vhost-user messages; the export's I/O threads outlive connections. A frontend that goes away
+//! leaves the socket accepting the next one. SIGINT/SIGTERM drain in-flight I/O, then the
+//! daemon exits 0.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vhost::vhost_user::{BackendReqHandler, Error as VhuError};
+
+use crate::config::ExportConfig;
+use crate::engine;
+use crate::vhost::{Device, ExportShared};
+
+/// A running export.
+pub struct Export {
+    shared: Arc<ExportShared>,
+    socket: PathBuf,
+    listener_fd: i32,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Binds a unix socket, refusing to steal one another process is listening on.
+fn bind_socket(path: &Path) -> Result<UnixListener, String> {
+    if path.exists() {
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(format!(
+                    "socket {} is busy: another process is listening on it",
+                    path.display()
+                ))
+            }
+            Err(_) => {
+                // A stale socket from an earlier run (or another file): replace only sockets.
+                use std::os::unix::fs::FileTypeExt;
+                let meta = std::fs::symlink_metadata(path).map_err(|e| format!("cannot stat socket {}: {e}", path.display()))?;
+                if !meta.file_type().is_socket() {
+                    return Err(format!(
+                        "socket path {} exists and is not a socket: choose another path",
+                        path.display()
+                    ));
+                }
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+            }
+        }
+    }
+    UnixListener::bind(path).map_err(|e| format!("cannot listen on socket {}: {e}", path.display()))
+}
+
+impl Export {
+    /// Opens the storage, starts the I/O threads and begins listening.
+    pub fn start(cfg: ExportConfig) -> Result<Export, String> {
+        let engine: Arc<dyn engine::Engine> = Arc::from(engine::open(&cfg).map_err(|e| e.to_string())?);
+        let listener = bind_socket(&cfg.socket)?;
+        let socket = cfg.socket.clone();
+        tracing::info!(
+            socket = %socket.display(),
+            engine = engine.name(),
+            capacity = engine.capacity(),
+            queues = cfg.queues,
+            threads = cfg.num_threads(),
+            mapping = cfg.mapping_name(),
+            readonly = cfg.readonly,
+            "export ready"
+        );
+        let shared = Arc::new(
+            ExportShared::new(cfg, engine).map_err(|e| format!("cannot start I/O threads: {e}"))?,
+        );
+        let conn: Arc<Mutex<Option<UnixStream>>> = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener_fd = listener.as_raw_fd();
+        let thread = {
+            let (shared, conn, stop) = (shared.clone(), conn.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("mqblk-vhost".into())
+                .spawn(move || serve_connections(listener, shared, conn, stop))
+                .map_err(|e| format!("cannot start listener thread: {e}"))?
+        };
+        Ok(Export {
+            shared,
+            socket,
+            listener_fd,
+            conn,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The export's shared state (settings, engine, I/O thread counters).
+    pub fn shared(&self) -> &Arc<ExportShared> {
+        &self.shared
+    }
+
+    /// Stops accepting, drains the current connection's in-flight I/O, stops the I/O threads.
+    pub fn shutdown(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the listener thread whether it is in accept() or reading a message.
+        if let Some(s) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        // SAFETY: shutdown(2) on the listening socket's descriptor, which the listener thread
+        // still owns (it is closed only after that thread ends); it makes accept() return.
+        unsafe {
+            libc::shutdown(self.listener_fd, libc::SHUT_RDWR);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        match Arc::try_unwrap(self.shared) {
+            Ok(mut s) => s.shutdown(),
+            Err(_) => tracing::warn!("export still referenced at shutdown"),
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn serve_connections(
+    listener: UnixListener,
+    shared: Arc<ExportShared>,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut served = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                tracing::warn!(err = %e, "accept failed");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+        };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        served += 1;
+        tracing::info!(socket = %shared.cfg.socket.display(), connection = served, "frontend connected");
+        match stream.try_clone() {
+            Ok(c) => *conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
+            Err(e) => {
+                tracing::warn!(err = %e, "cannot clone connection");
+                continue;
+            }
+        }
+        let device = Arc::new(Mutex::new(Device::new(shared.clone())));
+        let mut handler = BackendReqHandler::from_stream(stream, device.clone());
+        loop {
+            match handler.handle_request() {
+                Ok(()) => {}
+                Err(VhuError::Disconnected) | Err(VhuError::PartialMessage) => {
+                    tracing::info!(connection = served, "frontend disconnected");
+                    break;
+                }
+                Err(e) => {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    // A malformed message or a failed request: drop this frontend, keep serving.
+                    tracing::warn!(connection = served, err = %e, "vhost-user error; closing the connection");
+                    break;
+                }
+            }
+        }
+        *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        drop(handler);
+        // Drain in-flight I/O of this connection and forget its memory.
+        device.lock().unwrap_or_else(|e| e.into_inner()).disconnect();
+    }
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and every thread it starts later).
+pub fn block_signals() -> io::Result<()> {
+    // SAFETY: plain sigset manipulation on a local set, then pthread_sigmask on this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM (blocked beforehand with [`block_signals`]); returns its number.
+pub fn wait_for_signal() -> i32 {
+    // SAFETY: sigwait on a local set of blocked signals; `sig` outlives the call.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let mut sig: libc::c_int = 0;
+        loop {
+            if libc::sigwait(&set, &mut sig) == 0 {
+                return sig;
+            }
+        }
+    }
+}
+
+/// Runs `mqblk serve`: starts every export, waits for a signal, drains, returns.
+pub fn serve(exports: Vec<ExportConfig>) -> Result<(), String> {
+    block_signals().map_err(|e| format!("cannot block signals: {e}"))?;
+    let mut running = Vec::new();
+    for cfg in exports {
+        match Export::start(cfg) {
+            Ok(e) => running.push(e),
+            Err(e) => {
+                for r in running {
+                    r.shutdown();
+                }
+                return Err(e);
+            }
+        }
+    }
+    let sig = wait_for_signal();
+    tracing::info!(signal = sig, "shutting down: draining in-flight I/O");
+    for r in running {
+        r.shutdown();
+    }
+    tracing::info!("all exports drained; exiting");
+    Ok(())
+}

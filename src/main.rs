@@ -1,0 +1,110 @@
+//! The `mqblk` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use mqblk::config::{self, ExportConfig};
+
+const SPEC_HELP: &str = "\
+SPEC is key=value pairs separated by commas:
+  socket=PATH            vhost-user unix socket to listen on (required)
+  path=PATH              raw image file or block device (engine=uring); with size= it is created if missing
+  engine=uring|null|mem  uring: io_uring on path (default); null: completes at once, reads give zeros;
+                         mem: RAM disk
+  size=BYTES             capacity, with K/M/G/T suffixes (needed for null and mem)
+  queues=N               virtqueues offered to the guest (default 1, max 64)
+  queue-size=N           maximum virtqueue size (default 1024)
+  threads=per-queue|N    I/O threads: one per queue (default), or N threads with queues spread evenly
+  cpus=LIST              pin I/O thread i to the i-th CPU of LIST, e.g. 2-5,8
+  readonly=on|off        default off; advertises VIRTIO_BLK_F_RO and refuses writes
+  direct=on|off          O_DIRECT (default on)
+  serial=STRING          answer to GET_ID (at most 20 bytes)
+
+Thread mappings: queues=1,threads=1 is baseline; queues=N,threads=1 is mq;
+queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).
+The TOML config file carries the same keys, one [[export]] table per disk.";
+
+#[derive(Parser)]
+#[command(name = "mqblk", version, about = "A multi-queue vhost-user-blk backend daemon")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve one or more disks, each on its own vhost-user socket.
+    #[command(after_help = SPEC_HELP)]
+    Serve {
+        /// An export: key=value pairs separated by commas (see below). Repeatable.
+        #[arg(long = "export", value_name = "SPEC")]
+        exports: Vec<String>,
+        /// A TOML file with [[export]] tables (same keys as SPEC).
+        #[arg(long, value_name = "FILE.toml")]
+        config: Option<PathBuf>,
+        /// Log level: error, warn, info, debug or trace (or a tracing filter).
+        #[arg(long, value_name = "LEVEL")]
+        log_level: Option<String>,
+    },
+}
+
+fn init_logging(level: &str) -> Result<(), String> {
+    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+    let filter = if LEVELS.contains(&level) {
+        format!("mqblk={level},warn")
+    } else if level.contains('=') {
+        level.to_string()
+    } else {
+        return Err(format!(
+            "invalid --log-level {level}: use error, warn, info, debug or trace"
+        ));
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    Ok(())
+}
+
+fn load_exports(specs: &[String], config_file: Option<&PathBuf>) -> Result<(Vec<ExportConfig>, Option<String>), String> {
+    let mut exports = Vec::new();
+    let mut level = None;
+    if let Some(path) = config_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+        let (ex, lvl) = config::parse_config_file(&text)
+            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+        exports.extend(ex);
+        level = lvl;
+    }
+    for s in specs {
+        exports.push(config::parse_export_spec(s).map_err(|e| format!("--export {s}: {e}"))?);
+    }
+    config::check_exports(&exports)?;
+    Ok((exports, level))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Serve {
+            exports,
+            config,
+            log_level,
+        } => load_exports(&exports, config.as_ref()).and_then(|(ex, file_level)| {
+            let level = log_level.or(file_level).unwrap_or_else(|| "info".into());
+            init_logging(&level)?;
+            mqblk::daemon::serve(ex)
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mqblk: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
