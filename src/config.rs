@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::queue::poll::PollMode;
+use crate::queue::worker::Tuning;
+
 /// Most virtqueues one export offers.
 pub const MAX_QUEUES: u16 = 64;
 /// Largest virtqueue size (the split ring allows 32768; Linux and QEMU use up to 1024).
@@ -19,7 +22,7 @@ pub const MAX_SERIAL_LEN: usize = 20;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// An unknown key.
-    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial)")]
+    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial, poll, poll-max-us, batch-wait-us, merge)")]
     UnknownKey(String),
     /// A key given without `=value`.
     #[error("'{0}' has no value: write {0}=VALUE")]
@@ -87,6 +90,8 @@ pub struct ExportConfig {
     pub direct: bool,
     /// GET_ID answer.
     pub serial: String,
+    /// Polling, batch-wait and merging settings.
+    pub tuning: Tuning,
 }
 
 impl ExportConfig {
@@ -178,6 +183,10 @@ pub struct RawExport {
     readonly: Option<toml::Value>,
     direct: Option<toml::Value>,
     serial: Option<String>,
+    poll: Option<String>,
+    poll_max_us: Option<toml::Value>,
+    batch_wait_us: Option<toml::Value>,
+    merge: Option<toml::Value>,
 }
 
 fn value_str(v: &toml::Value) -> String {
@@ -220,6 +229,10 @@ impl RawExport {
                 "path" => slot_str(&mut raw.path)?,
                 "engine" => slot_str(&mut raw.engine)?,
                 "serial" => slot_str(&mut raw.serial)?,
+                "poll" => slot_str(&mut raw.poll)?,
+                "poll-max-us" => slot_val(&mut raw.poll_max_us)?,
+                "batch-wait-us" => slot_val(&mut raw.batch_wait_us)?,
+                "merge" => slot_val(&mut raw.merge)?,
                 "size" => slot_val(&mut raw.size)?,
                 "queues" => slot_val(&mut raw.queues)?,
                 "queue-size" => slot_val(&mut raw.queue_size)?,
@@ -281,20 +294,35 @@ impl RawExport {
             }
             _ => {}
         }
-        let int = |key: &'static str, v: &Option<toml::Value>, allowed: &'static str, lo: u64, hi: u64| -> Result<Option<u64>, ConfigError> {
+        let int = |key: &'static str,
+                   v: &Option<toml::Value>,
+                   allowed: &'static str,
+                   lo: u64,
+                   hi: u64|
+         -> Result<Option<u64>, ConfigError> {
             match v {
                 None => Ok(None),
                 Some(v) => {
                     let s = value_str(v);
                     match s.parse::<u64>() {
                         Ok(n) if n >= lo && n <= hi => Ok(Some(n)),
-                        _ => Err(ConfigError::Invalid { key, value: s, allowed }),
+                        _ => Err(ConfigError::Invalid {
+                            key,
+                            value: s,
+                            allowed,
+                        }),
                     }
                 }
             }
         };
-        let queues = int("queues", &self.queues, "an integer from 1 to 64", 1, MAX_QUEUES as u64)?
-            .unwrap_or(1) as u16;
+        let queues = int(
+            "queues",
+            &self.queues,
+            "an integer from 1 to 64",
+            1,
+            MAX_QUEUES as u64,
+        )?
+        .unwrap_or(1) as u16;
         let queue_size = match int(
             "queue-size",
             &self.queue_size,
@@ -328,14 +356,17 @@ impl RawExport {
         let cpus = match self.cpus.as_ref().map(value_str) {
             None => Vec::new(),
             Some(s) => {
-                let online = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-                let list = parse_cpu_list(&s).filter(|l| !l.is_empty()).ok_or(
-                    ConfigError::Invalid {
-                        key: "cpus",
-                        value: s.clone(),
-                        allowed: "a CPU list such as 0-3,8",
-                    },
-                )?;
+                let online = std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1);
+                let list =
+                    parse_cpu_list(&s)
+                        .filter(|l| !l.is_empty())
+                        .ok_or(ConfigError::Invalid {
+                            key: "cpus",
+                            value: s.clone(),
+                            allowed: "a CPU list such as 0-3,8",
+                        })?;
                 if list.iter().any(|&c| c >= 1024) {
                     return Err(ConfigError::Invalid {
                         key: "cpus",
@@ -363,6 +394,38 @@ impl RawExport {
                 allowed: "at most 20 bytes",
             });
         }
+        let mut tuning = Tuning::default();
+        if let Some(p) = &self.poll {
+            tuning.poll = p.parse().map_err(|_| ConfigError::Invalid {
+                key: "poll",
+                value: p.clone(),
+                allowed: "off, on or adaptive",
+            })?;
+        }
+        if let Some(n) = int(
+            "poll-max-us",
+            &self.poll_max_us,
+            "an integer from 0 to 10000 (microseconds)",
+            0,
+            10_000,
+        )? {
+            tuning.poll_max_us = n as u32;
+        }
+        if let Some(n) = int(
+            "batch-wait-us",
+            &self.batch_wait_us,
+            "an integer from 0 to 1000 (microseconds; 0 disables)",
+            0,
+            1000,
+        )? {
+            tuning.batch_wait_us = n as u32;
+        }
+        if let Some(v) = &self.merge {
+            tuning.merge = parse_bool("merge", &value_str(v))?;
+        }
+        if tuning.poll_max_us == 0 {
+            tuning.poll = PollMode::Off;
+        }
         let cfg = ExportConfig {
             socket: PathBuf::from(socket),
             path,
@@ -375,12 +438,14 @@ impl RawExport {
             readonly,
             direct,
             serial,
+            tuning,
         };
         if !cfg.cpus.is_empty() && cfg.cpus.len() < cfg.num_threads() {
             return Err(ConfigError::Invalid {
                 key: "cpus",
                 value: format!("{:?}", cfg.cpus),
-                allowed: "at least one CPU per I/O thread (threads = queues with threads=per-queue)",
+                allowed:
+                    "at least one CPU per I/O thread (threads = queues with threads=per-queue)",
             });
         }
         Ok(cfg)
@@ -472,12 +537,27 @@ mod tests {
         assert!(c.readonly && !c.direct);
         assert_eq!(c.cpus, vec![0, 1]);
         assert_eq!(c.mapping_name(), "grouped");
+        let c =
+            parse_export_spec("socket=s,path=p,poll=on,poll-max-us=100,batch-wait-us=8,merge=off")
+                .unwrap();
+        assert_eq!(c.tuning.poll, PollMode::On);
+        assert_eq!(
+            (c.tuning.poll_max_us, c.tuning.batch_wait_us, c.tuning.merge),
+            (100, 8, false)
+        );
+        assert_eq!(
+            parse_export_spec("socket=s,path=p").unwrap().tuning,
+            Tuning::default()
+        );
     }
 
     #[test]
     fn defaults_and_mappings() {
         let c = parse_export_spec("socket=s,path=p").unwrap();
-        assert_eq!((c.queues, c.queue_size, c.direct, c.readonly), (1, 1024, true, false));
+        assert_eq!(
+            (c.queues, c.queue_size, c.direct, c.readonly),
+            (1, 1024, true, false)
+        );
         assert_eq!(c.engine, EngineKind::Uring);
         assert_eq!(c.mapping_name(), "baseline");
         let c = parse_export_spec("socket=s,engine=null,size=1G,queues=4,threads=1").unwrap();
@@ -493,7 +573,10 @@ mod tests {
         assert!(e("path=p").contains("socket=PATH is required"));
         assert!(e("socket=s").contains("path=PATH is required"));
         assert!(e("socket=s,engine=null").contains("size=BYTES is required"));
-        assert!(e("socket=s,engine=foo").contains("engine=foo") && e("socket=s,engine=foo").contains("uring, null or mem"));
+        assert!(
+            e("socket=s,engine=foo").contains("engine=foo")
+                && e("socket=s,engine=foo").contains("uring, null or mem")
+        );
         assert!(e("socket=s,path=p,queues=0").contains("queues"));
         assert!(e("socket=s,path=p,queues=65").contains("1 to 64"));
         assert!(e("socket=s,path=p,queue-size=100").contains("power of two"));
@@ -505,6 +588,10 @@ mod tests {
         assert!(e("socket=s,socket=t,path=p").contains("twice"));
         assert!(e("socket=s,path=p,serial=123456789012345678901").contains("20 bytes"));
         assert!(e("socket=s,path=p,queues=4,cpus=0-1").contains("cpus"));
+        assert!(e("socket=s,path=p,poll=maybe").contains("off, on or adaptive"));
+        assert!(e("socket=s,path=p,poll-max-us=x").contains("poll-max-us"));
+        assert!(e("socket=s,path=p,batch-wait-us=5000").contains("batch-wait-us"));
+        assert!(e("socket=s,path=p,merge=2").contains("merge"));
     }
 
     #[test]
@@ -530,7 +617,8 @@ threads = "per-queue"
         assert!(ex[0].readonly);
         assert_eq!(ex[0].queues, 2);
         assert_eq!(ex[1].size, Some(1 << 30));
-        let err = parse_config_file("[[export]]\nsocket='x'\nengine='zzz'\nsize='1M'\n").unwrap_err();
+        let err =
+            parse_config_file("[[export]]\nsocket='x'\nengine='zzz'\nsize='1M'\n").unwrap_err();
         assert!(err.contains("engine=zzz"), "{err}");
         let err = parse_config_file("[[export]]\nsockett='x'\n").unwrap_err();
         assert!(err.contains("sockett"), "{err}");

@@ -42,7 +42,8 @@ fn bind_socket(path: &Path) -> Result<UnixListener, String> {
             Err(_) => {
                 // A stale socket from an earlier run (or another file): replace only sockets.
                 use std::os::unix::fs::FileTypeExt;
-                let meta = std::fs::symlink_metadata(path).map_err(|e| format!("cannot stat socket {}: {e}", path.display()))?;
+                let meta = std::fs::symlink_metadata(path)
+                    .map_err(|e| format!("cannot stat socket {}: {e}", path.display()))?;
                 if !meta.file_type().is_socket() {
                     return Err(format!(
                         "socket path {} exists and is not a socket: choose another path",
@@ -60,7 +61,8 @@ fn bind_socket(path: &Path) -> Result<UnixListener, String> {
 impl Export {
     /// Opens the storage, starts the I/O threads and begins listening.
     pub fn start(cfg: ExportConfig) -> Result<Export, String> {
-        let engine: Arc<dyn engine::Engine> = Arc::from(engine::open(&cfg).map_err(|e| e.to_string())?);
+        let engine: Arc<dyn engine::Engine> =
+            Arc::from(engine::open(&cfg).map_err(|e| e.to_string())?);
         let listener = bind_socket(&cfg.socket)?;
         let socket = cfg.socket.clone();
         tracing::info!(
@@ -177,7 +179,10 @@ fn serve_connections(
         *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         drop(handler);
         // Drain in-flight I/O of this connection and forget its memory.
-        device.lock().unwrap_or_else(|e| e.into_inner()).disconnect();
+        device
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .disconnect();
     }
 }
 

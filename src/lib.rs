@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod blk;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod engine;

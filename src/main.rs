@@ -27,7 +27,11 @@ queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).
 The TOML config file carries the same keys, one [[export]] table per disk.";
 
 #[derive(Parser)]
-#[command(name = "mqblk", version, about = "A multi-queue vhost-user-blk backend daemon")]
+#[command(
+    name = "mqblk",
+    version,
+    about = "A multi-queue vhost-user-blk backend daemon"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -64,12 +68,19 @@ fn init_logging(level: &str) -> Result<(), String> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .with_target(false)
         .init();
     Ok(())
 }
 
-fn load_exports(specs: &[String], config_file: Option<&PathBuf>) -> Result<(Vec<ExportConfig>, Option<String>), String> {
+fn load_exports(
+    specs: &[String],
+    config_file: Option<&PathBuf>,
+) -> Result<(Vec<ExportConfig>, Option<String>), String> {
     let mut exports = Vec::new();
     let mut level = None;
     if let Some(path) = config_file {

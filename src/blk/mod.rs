@@ -83,7 +83,10 @@ mod tests {
             max_write_zeroes_sectors: 1 << 20,
         };
         let b = c.to_bytes();
-        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 0x1122334455);
+        assert_eq!(
+            u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            0x1122334455
+        );
         assert_eq!(u32::from_le_bytes(b[12..16].try_into().unwrap()), 254);
         assert_eq!(u32::from_le_bytes(b[20..24].try_into().unwrap()), 512);
         assert_eq!(b[24], 3);

@@ -469,18 +469,30 @@ mod tests {
         Descriptor::new(addr, len, flags, 0)
     }
 
-    fn run(m: &GuestMemoryMmap, l: &Limits, descs: Vec<Descriptor>) -> Result<(Request, Vec<Segment>), Rejected> {
+    fn run(
+        m: &GuestMemoryMmap,
+        l: &Limits,
+        descs: Vec<Descriptor>,
+    ) -> Result<(Request, Vec<Segment>), Rejected> {
         let mut s = Scratch::default();
         let mut segs = Vec::new();
         parse(descs, m, l, &mut s, &mut segs).map(|r| (r, segs))
     }
 
     /// A standard 3-descriptor request: header at 0x1000, data at 0x2000, status at 0x3000.
-    fn three(t: u32, sector: u64, len: u32, data_write: bool) -> (GuestMemoryMmap, Vec<Descriptor>) {
+    fn three(
+        t: u32,
+        sector: u64,
+        len: u32,
+        data_write: bool,
+    ) -> (GuestMemoryMmap, Vec<Descriptor>) {
         let m = mem();
         hdr(&m, 0x1000, t, sector);
         let df = if data_write { W | N } else { N };
-        (m, vec![d(0x1000, 16, N), d(0x2000, len, df), d(0x3000, 1, W)])
+        (
+            m,
+            vec![d(0x1000, 16, N), d(0x2000, len, df), d(0x3000, 1, W)],
+        )
     }
 
     fn rejected(r: Result<(Request, Vec<Segment>), Rejected>) -> Rejected {
@@ -494,7 +506,13 @@ mod tests {
         assert_eq!(r.kind, Kind::Read);
         assert_eq!((r.sector, r.len, r.offset()), (8, 4096, 4096));
         assert_eq!(r.status_addr, GuestAddress(0x3000));
-        assert_eq!(segs, vec![Segment { addr: GuestAddress(0x2000), len: 4096 }]);
+        assert_eq!(
+            segs,
+            vec![Segment {
+                addr: GuestAddress(0x2000),
+                len: 4096
+            }]
+        );
     }
 
     #[test]
@@ -513,21 +531,42 @@ mod tests {
         let (r, segs) = run(&m, &limits(), c).unwrap();
         assert_eq!((r.kind, r.len), (Kind::Read, 512));
         assert_eq!(r.status_addr, GuestAddress(0x2200));
-        assert_eq!(segs, vec![Segment { addr: GuestAddress(0x2000), len: 512 }]);
+        assert_eq!(
+            segs,
+            vec![Segment {
+                addr: GuestAddress(0x2000),
+                len: 512
+            }]
+        );
         // Header and data in one readable descriptor.
         hdr(&m, 0x4000, VIRTIO_BLK_T_OUT, 1);
         let c = vec![d(0x4000, 16 + 1024, N), d(0x3000, 1, W)];
         let (r, segs) = run(&m, &limits(), c).unwrap();
         assert_eq!((r.kind, r.sector, r.len), (Kind::Write, 1, 1024));
-        assert_eq!(segs, vec![Segment { addr: GuestAddress(0x4010), len: 1024 }]);
+        assert_eq!(
+            segs,
+            vec![Segment {
+                addr: GuestAddress(0x4010),
+                len: 1024
+            }]
+        );
     }
 
     #[test]
     fn out_of_range_is_ioerr() {
-        for (sector, len) in [(2048u64, 512u32), (2047, 1024), (u64::MAX, 512), (u64::MAX >> 9, 512)] {
+        for (sector, len) in [
+            (2048u64, 512u32),
+            (2047, 1024),
+            (u64::MAX, 512),
+            (u64::MAX >> 9, 512),
+        ] {
             let (m, c) = three(VIRTIO_BLK_T_IN, sector, len, true);
             let e = rejected(run(&m, &limits(), c));
-            assert_eq!((e.reason, e.status), (Reason::OutOfRange, Status::IoErr), "sector {sector}");
+            assert_eq!(
+                (e.reason, e.status),
+                (Reason::OutOfRange, Status::IoErr),
+                "sector {sector}"
+            );
             assert_eq!(e.status_addr, Some(GuestAddress(0x3000)));
         }
     }
@@ -536,13 +575,19 @@ mod tests {
     fn unaligned_length_is_ioerr() {
         let (m, c) = three(VIRTIO_BLK_T_OUT, 0, 511, false);
         let e = rejected(run(&m, &limits(), c));
-        assert_eq!((e.reason, e.status), (Reason::UnalignedLength, Status::IoErr));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::UnalignedLength, Status::IoErr)
+        );
     }
 
     #[test]
     fn write_on_readonly_is_ioerr() {
         let (m, c) = three(VIRTIO_BLK_T_OUT, 0, 512, false);
-        let l = Limits { readonly: true, ..limits() };
+        let l = Limits {
+            readonly: true,
+            ..limits()
+        };
         let e = rejected(run(&m, &l, c));
         assert_eq!((e.reason, e.status), (Reason::ReadOnly, Status::IoErr));
         // Reads and flushes still work on a read-only export.
@@ -555,9 +600,15 @@ mod tests {
     #[test]
     fn wrong_direction_is_ioerr() {
         let (m, c) = three(VIRTIO_BLK_T_IN, 0, 512, false);
-        assert_eq!(rejected(run(&m, &limits(), c)).reason, Reason::WrongDirection);
+        assert_eq!(
+            rejected(run(&m, &limits(), c)).reason,
+            Reason::WrongDirection
+        );
         let (m, c) = three(VIRTIO_BLK_T_OUT, 0, 512, true);
-        assert_eq!(rejected(run(&m, &limits(), c)).reason, Reason::WrongDirection);
+        assert_eq!(
+            rejected(run(&m, &limits(), c)).reason,
+            Reason::WrongDirection
+        );
     }
 
     #[test]
@@ -565,7 +616,11 @@ mod tests {
         for t in [2u32, 3, 5, 14, 15, 16, 0xdead_beef] {
             let (m, c) = three(t, 0, 512, true);
             let e = rejected(run(&m, &limits(), c));
-            assert_eq!((e.reason, e.status), (Reason::UnsupportedType, Status::Unsupp), "type {t}");
+            assert_eq!(
+                (e.reason, e.status),
+                (Reason::UnsupportedType, Status::Unsupp),
+                "type {t}"
+            );
         }
     }
 
@@ -576,18 +631,33 @@ mod tests {
         let (r, _) = run(&m, &limits(), vec![d(0x1000, 16, N), d(0x3000, 1, W)]).unwrap();
         assert_eq!(r.kind, Kind::Flush);
         hdr(&m, 0x1000, VIRTIO_BLK_T_GET_ID, 0);
-        let (r, segs) = run(&m, &limits(), vec![d(0x1000, 16, N), d(0x2000, 64, W | N), d(0x3000, 1, W)]).unwrap();
+        let (r, segs) = run(
+            &m,
+            &limits(),
+            vec![d(0x1000, 16, N), d(0x2000, 64, W | N), d(0x3000, 1, W)],
+        )
+        .unwrap();
         assert_eq!((r.kind, r.len), (Kind::GetId, 20));
         assert_eq!(segs.len(), 1);
         let e = rejected(run(&m, &limits(), vec![d(0x1000, 16, N), d(0x3000, 1, W)]));
         assert_eq!(e.reason, Reason::NoIdBuffer);
     }
 
-    fn dwz_req(t: u32, sector: u64, num: u32, flags: u32, l: &Limits) -> Result<(Request, Vec<Segment>), Rejected> {
+    fn dwz_req(
+        t: u32,
+        sector: u64,
+        num: u32,
+        flags: u32,
+        l: &Limits,
+    ) -> Result<(Request, Vec<Segment>), Rejected> {
         let m = mem();
         hdr(&m, 0x1000, t, 0);
         dwz(&m, 0x2000, sector, num, flags);
-        run(&m, l, vec![d(0x1000, 16, N), d(0x2000, 16, N), d(0x3000, 1, W)])
+        run(
+            &m,
+            l,
+            vec![d(0x1000, 16, N), d(0x2000, 16, N), d(0x3000, 1, W)],
+        )
     }
 
     #[test]
@@ -605,25 +675,48 @@ mod tests {
     fn discard_bad_cases() {
         let l = limits();
         let e = dwz_req(VIRTIO_BLK_T_DISCARD, 0, 8, 1, &l).unwrap_err();
-        assert_eq!((e.reason, e.status), (Reason::ReservedFlags, Status::Unsupp));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::ReservedFlags, Status::Unsupp)
+        );
         let e = dwz_req(VIRTIO_BLK_T_WRITE_ZEROES, 0, 8, 2, &l).unwrap_err();
-        assert_eq!((e.reason, e.status), (Reason::ReservedFlags, Status::Unsupp));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::ReservedFlags, Status::Unsupp)
+        );
         let e = dwz_req(VIRTIO_BLK_T_DISCARD, 2040, 16, 0, &l).unwrap_err();
         assert_eq!((e.reason, e.status), (Reason::OutOfRange, Status::IoErr));
         let e = dwz_req(VIRTIO_BLK_T_DISCARD, 0, 1025, 0, &l).unwrap_err();
-        assert_eq!((e.reason, e.status), (Reason::TooManySectors, Status::IoErr));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::TooManySectors, Status::IoErr)
+        );
         let e = dwz_req(VIRTIO_BLK_T_WRITE_ZEROES, u64::MAX, 1, 0, &l).unwrap_err();
         assert_eq!(e.reason, Reason::OutOfRange);
-        let ro = Limits { readonly: true, ..l };
+        let ro = Limits {
+            readonly: true,
+            ..l
+        };
         let e = dwz_req(VIRTIO_BLK_T_DISCARD, 0, 8, 0, &ro).unwrap_err();
         assert_eq!((e.reason, e.status), (Reason::ReadOnly, Status::IoErr));
         // Two segments: UNSUPP.
         let m = mem();
         hdr(&m, 0x1000, VIRTIO_BLK_T_DISCARD, 0);
-        let e = rejected(run(&m, &l, vec![d(0x1000, 16, N), d(0x2000, 32, N), d(0x3000, 1, W)]));
-        assert_eq!((e.reason, e.status), (Reason::TooManyDwzSegments, Status::Unsupp));
+        let e = rejected(run(
+            &m,
+            &l,
+            vec![d(0x1000, 16, N), d(0x2000, 32, N), d(0x3000, 1, W)],
+        ));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::TooManyDwzSegments, Status::Unsupp)
+        );
         // A partial segment: IOERR.
-        let e = rejected(run(&m, &l, vec![d(0x1000, 16, N), d(0x2000, 8, N), d(0x3000, 1, W)]));
+        let e = rejected(run(
+            &m,
+            &l,
+            vec![d(0x1000, 16, N), d(0x2000, 8, N), d(0x3000, 1, W)],
+        ));
         assert_eq!((e.reason, e.status), (Reason::BadDwzPayload, Status::IoErr));
     }
 
@@ -631,7 +724,11 @@ mod tests {
     fn missing_or_readonly_status_is_dropped() {
         let m = mem();
         hdr(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
-        let e = rejected(run(&m, &limits(), vec![d(0x1000, 16, N), d(0x2000, 512, 0)]));
+        let e = rejected(run(
+            &m,
+            &limits(),
+            vec![d(0x1000, 16, N), d(0x2000, 512, 0)],
+        ));
         assert_eq!((e.reason, e.status_addr), (Reason::NoStatus, None));
         let e = rejected(run(&m, &limits(), vec![d(0x1000, 16, N), d(0x2000, 0, W)]));
         assert_eq!((e.reason, e.status_addr), (Reason::NoStatus, None));
@@ -646,7 +743,11 @@ mod tests {
         // In the hole between the regions, and past the end of memory, and wrapping around.
         for (addr, len) in [(0x15_0000u64, 1u32), (0x40_0000, 1), (u64::MAX, 2)] {
             let e = rejected(run(&m, &limits(), vec![d(0x1000, 16, N), d(addr, len, W)]));
-            assert_eq!((e.reason, e.status_addr), (Reason::StatusOutOfMemory, None), "{addr:#x}");
+            assert_eq!(
+                (e.reason, e.status_addr),
+                (Reason::StatusOutOfMemory, None),
+                "{addr:#x}"
+            );
         }
     }
 
@@ -669,7 +770,10 @@ mod tests {
         }
         c.push(d(0x3000, 1, W));
         let e = rejected(run(&m, &limits(), c));
-        assert_eq!((e.reason, e.status), (Reason::TooManyDescriptors, Status::IoErr));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::TooManyDescriptors, Status::IoErr)
+        );
         assert_eq!(e.status_addr, Some(GuestAddress(0x3000)));
     }
 
@@ -679,10 +783,21 @@ mod tests {
         hdr(&m, 0x1000, VIRTIO_BLK_T_IN, 0);
         let e = rejected(run(&m, &limits(), vec![d(0x1000, 8, N), d(0x3000, 1, W)]));
         assert_eq!(e.reason, Reason::BadHeader);
-        let e = rejected(run(&m, &limits(), vec![d(0x1000, 16, W | N), d(0x3000, 1, W)]));
+        let e = rejected(run(
+            &m,
+            &limits(),
+            vec![d(0x1000, 16, W | N), d(0x3000, 1, W)],
+        ));
         assert_eq!(e.reason, Reason::BadHeader);
         // Header in the hole.
-        let e = rejected(run(&m, &limits(), vec![d(0x15_0000, 16, N), d(0x3000, 1, W)]));
-        assert_eq!((e.reason, e.status), (Reason::UnreadableHeader, Status::IoErr));
+        let e = rejected(run(
+            &m,
+            &limits(),
+            vec![d(0x15_0000, 16, N), d(0x3000, 1, W)],
+        ));
+        assert_eq!(
+            (e.reason, e.status),
+            (Reason::UnreadableHeader, Status::IoErr)
+        );
     }
 }

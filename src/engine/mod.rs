@@ -68,7 +68,12 @@ pub trait Engine: Send + Sync {
     /// The io_uring entry that performs `op`, or `None` when the engine completed it at once
     /// (successfully; reads then return zeros).
     fn prepare(&self, op: &Op) -> Option<squeue::Entry>;
-    /// Whether write-zeroes with ZERO_RANGE is refused and must fall back to a punched hole.
+    /// True for the null engine, whose reads must be answered with zeros by the caller.
+    fn is_null(&self) -> bool {
+        false
+    }
+    /// The retry for a write-zeroes whose ZERO_RANGE the store refused (EOPNOTSUPP): a punched
+    /// hole, which also reads back as zeros. `None` when there is no fallback.
     fn fallback_punch(&self, op: &Op) -> Option<squeue::Entry> {
         let _ = op;
         None
@@ -92,6 +97,9 @@ impl Engine for NullEngine {
     }
     fn prepare(&self, _op: &Op) -> Option<squeue::Entry> {
         None
+    }
+    fn is_null(&self) -> bool {
+        true
     }
 }
 
@@ -228,7 +236,8 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
         EngineKind::Mem => open_mem(cfg.size.unwrap_or(0)).map(|e| Box::new(e) as Box<dyn Engine>),
         EngineKind::Uring => {
             let path = cfg.path.as_deref().expect("validated: uring has a path");
-            open_file(path, cfg.size, cfg.readonly, cfg.direct).map(|e| Box::new(e) as Box<dyn Engine>)
+            open_file(path, cfg.size, cfg.readonly, cfg.direct)
+                .map(|e| Box::new(e) as Box<dyn Engine>)
         }
     }
 }
@@ -238,7 +247,11 @@ fn open_mem(size: u64) -> Result<UringEngine, OpenError> {
     // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
-        return Err(ioerr("memfd_create for", Path::new("mem"), io::Error::last_os_error()));
+        return Err(ioerr(
+            "memfd_create for",
+            Path::new("mem"),
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: `fd` is a fresh descriptor that we own exclusively.
     let file = unsafe { File::from_raw_fd(fd) };
@@ -290,7 +303,12 @@ fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
     found
 }
 
-fn open_file(path: &Path, size: Option<u64>, readonly: bool, direct: bool) -> Result<UringEngine, OpenError> {
+fn open_file(
+    path: &Path,
+    size: Option<u64>,
+    readonly: bool,
+    direct: bool,
+) -> Result<UringEngine, OpenError> {
     let shown = || path.display().to_string();
     let meta = match std::fs::metadata(path) {
         Ok(m) => Some(m),
@@ -369,13 +387,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("x.img");
         let spec = format!("socket=/tmp/s,path={}", img.display());
-        let e = open(&parse_export_spec(&spec).unwrap()).err().unwrap().to_string();
+        let e = open(&parse_export_spec(&spec).unwrap())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("does not exist") && e.contains("size="), "{e}");
         // Created with size=, then a mismatching size= is refused.
         let e = open(&parse_export_spec(&format!("{spec},size=1M,direct=off")).unwrap()).unwrap();
         assert_eq!(e.capacity(), 1 << 20);
         assert_eq!(std::fs::metadata(&img).unwrap().len(), 1 << 20);
-        let e = open(&parse_export_spec(&format!("{spec},size=2M,direct=off")).unwrap()).err().unwrap().to_string();
+        let e = open(&parse_export_spec(&format!("{spec},size=2M,direct=off")).unwrap())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("size=2097152") && e.contains("1048576"), "{e}");
     }
 

@@ -22,17 +22,46 @@ use std::time::Instant;
 
 use io_uring::{opcode, squeue, types, IoUring};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::blk::{self, Kind, Limits, Scratch, Segment, Status};
 use crate::engine::{Engine, Op};
+use crate::queue::batch::BatchPolicy;
+use crate::queue::merge::{self, Dir, MergeLimits, Shape};
+use crate::queue::poll::{PollMode, PollPolicy};
 
 /// Guest memory as the worker sees it.
 pub type Mem = GuestMemoryMmap<()>;
 
 /// Most iovecs one host I/O may carry (Linux's IOV_MAX).
 pub const IOV_MAX: usize = 1024;
+/// Largest merged host I/O.
+pub const MAX_MERGE_BYTES: u64 = 1 << 20;
+
+/// The switchable mechanisms of the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Polling mode.
+    pub poll: PollMode,
+    /// Longest poll window, microseconds.
+    pub poll_max_us: u32,
+    /// Longest wait to grow a batch under heavy load, microseconds (0: never wait).
+    pub batch_wait_us: u32,
+    /// Merge adjacent requests into one host I/O.
+    pub merge: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            poll: PollMode::Adaptive,
+            poll_max_us: 32,
+            batch_wait_us: 0,
+            merge: true,
+        }
+    }
+}
 
 const TAG_SHIFT: u32 = 56;
 const TAG_IO: u64 = 0;
@@ -106,6 +135,18 @@ pub struct WorkerStats {
     pub notifies: AtomicU64,
     /// Bytes read or written.
     pub bytes: AtomicU64,
+    /// Requests folded into another request's host I/O.
+    pub merges: AtomicU64,
+    /// Kicks (guest notifications to the backend) received.
+    pub kicks: AtomicU64,
+    /// Polls that found work.
+    pub poll_hits: AtomicU64,
+    /// Poll windows that expired.
+    pub poll_misses: AtomicU64,
+    /// Times the worker slept in the kernel.
+    pub sleeps: AtomicU64,
+    /// Batch waits under heavy load.
+    pub batch_waits: AtomicU64,
 }
 
 #[derive(Default)]
@@ -116,6 +157,12 @@ struct LocalStats {
     submitted: u64,
     notifies: u64,
     bytes: u64,
+    merges: u64,
+    kicks: u64,
+    poll_hits: u64,
+    poll_misses: u64,
+    sleeps: u64,
+    batch_waits: u64,
 }
 
 impl LocalStats {
@@ -126,6 +173,12 @@ impl LocalStats {
         s.submitted.store(self.submitted, Ordering::Relaxed);
         s.notifies.store(self.notifies, Ordering::Relaxed);
         s.bytes.store(self.bytes, Ordering::Relaxed);
+        s.merges.store(self.merges, Ordering::Relaxed);
+        s.kicks.store(self.kicks, Ordering::Relaxed);
+        s.poll_hits.store(self.poll_hits, Ordering::Relaxed);
+        s.poll_misses.store(self.poll_misses, Ordering::Relaxed);
+        s.sleeps.store(self.sleeps, Ordering::Relaxed);
+        s.batch_waits.store(self.batch_waits, Ordering::Relaxed);
     }
 }
 
@@ -167,6 +220,8 @@ pub struct WorkerConfig {
     pub limits: Limits,
     /// GET_ID answer (at most 20 bytes).
     pub serial: Vec<u8>,
+    /// Polling, batching and merging settings.
+    pub tuning: Tuning,
 }
 
 /// Starts a worker thread.
@@ -266,12 +321,14 @@ struct ActiveQueue {
     inflight: u32,
     /// Used entries were added since the last notification check.
     used_added: bool,
-    /// Avail entries may be waiting (kicked, or throttled, or resumed).
+    /// Avail entries may be waiting (kicked, throttled, or resumed).
     pending: bool,
     /// The guest broke the ring; nothing more is popped until the queue is restarted.
     broken: bool,
     stop_reply: Option<SyncSender<u16>>,
 }
+
+const NO_SLOT: u32 = u32::MAX;
 
 struct Slot {
     local: u16,
@@ -279,9 +336,31 @@ struct Slot {
     kind: Kind,
     status_addr: GuestAddress,
     len: u64,
-    op: Op,
+    offset: u64,
     retried: bool,
+    /// Next member of a merged I/O led by another slot (NO_SLOT at the end).
+    next: u32,
+    /// This request's iovecs.
     iovs: Vec<libc::iovec>,
+    /// A merged I/O's concatenated iovecs (leader only).
+    miovs: Vec<libc::iovec>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            local: 0,
+            head: 0,
+            kind: Kind::Flush,
+            status_addr: GuestAddress(0),
+            len: 0,
+            offset: 0,
+            retried: false,
+            next: NO_SLOT,
+            iovs: Vec::new(),
+            miovs: Vec::new(),
+        }
+    }
 }
 
 struct Worker {
@@ -298,6 +377,10 @@ struct Worker {
     ctrl_buf: Box<u64>,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Requests parsed in this batch and not yet handed to the ring, in order.
+    staged: Vec<u32>,
+    shapes: Vec<Shape>,
+    runs_buf: Vec<(usize, usize)>,
     mem: Option<Arc<Mem>>,
     pending_mem: Option<(Option<Arc<Mem>>, SyncSender<()>)>,
     limits: Limits,
@@ -308,6 +391,9 @@ struct Worker {
     shutdown: bool,
     log: RateLimit,
     queued_sqes: u32,
+    tuning: Tuning,
+    batch: BatchPolicy,
+    poll: PollPolicy,
 }
 
 impl Worker {
@@ -320,23 +406,9 @@ impl Worker {
     ) -> std::io::Result<Self> {
         let nslots: usize = cfg.queue_sizes.iter().map(|&s| s as usize).sum();
         let nq = cfg.queue_sizes.len();
-        // Every in-flight request, kick read (2 entries each) and notification fits at once.
+        // Every in-flight request, kick poll+read and notification fits at once.
         let want = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
-        let ring = IoUring::builder()
-            .setup_cqsize(want * 4)
-            .build(want)?;
-        let slots = (0..nslots)
-            .map(|_| Slot {
-                local: 0,
-                head: 0,
-                kind: Kind::Flush,
-                status_addr: GuestAddress(0),
-                len: 0,
-                op: Op::Flush,
-                retried: false,
-                iovs: Vec::new(),
-            })
-            .collect();
+        let ring = IoUring::builder().setup_cqsize(want * 4).build(want)?;
         let mut w = Worker {
             ring,
             engine,
@@ -349,8 +421,11 @@ impl Worker {
             gens: vec![0; nq],
             kick_bufs: vec![0u64; nq].into_boxed_slice(),
             ctrl_buf: Box::new(0),
-            slots,
+            slots: (0..nslots).map(|_| Slot::new()).collect(),
             free: (0..nslots as u32).rev().collect(),
+            staged: Vec::with_capacity(nslots),
+            shapes: Vec::with_capacity(nslots),
+            runs_buf: Vec::with_capacity(nslots),
             mem: None,
             pending_mem: None,
             scratch: Scratch::with_capacity(cfg.limits.max_descriptors),
@@ -361,32 +436,54 @@ impl Worker {
             shutdown: false,
             log: RateLimit::new(),
             queued_sqes: 0,
+            batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
+            poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
+            tuning: cfg.tuning,
         };
         w.arm_ctrl();
         Ok(w)
     }
 
-    fn push(&mut self, sqe: squeue::Entry) {
+    /// Makes room for `n` more submission entries, submitting what is queued if needed.
+    fn ensure_room(&mut self, n: usize) {
         loop {
-            // SAFETY: every buffer an entry points to (iovecs in a slot, guest memory they
-            // describe, kick/ctrl buffers, the static ONE) stays valid until its completion:
-            // slots are only reused after their completion, guest memory is only swapped when
-            // nothing is in flight, and the kick/ctrl buffers live as long as the ring.
-            let pushed = unsafe { self.ring.submission().push(&sqe) };
-            if pushed.is_ok() {
-                self.queued_sqes += 1;
+            let room = {
+                let sq = self.ring.submission();
+                sq.capacity() - sq.len()
+            };
+            if room >= n {
                 return;
             }
-            // The submission queue is full: hand it to the kernel and retry.
-            if let Err(e) = self.ring.submit() {
-                if e.raw_os_error() != Some(libc::EBUSY) && e.raw_os_error() != Some(libc::EINTR) {
-                    tracing::error!(err = %e, "io_uring submit failed");
+            match self.ring.submit() {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EBUSY) | Some(libc::EINTR) | Some(libc::EAGAIN)
+                    ) =>
+                {
+                    // Completion queue backlog: let the kernel flush it on the next wait.
+                    let _ = self.ring.submitter().submit_and_wait(0);
                 }
-                self.reap();
+                Err(e) => {
+                    tracing::error!(err = %e, "io_uring submit failed");
+                    std::thread::yield_now();
+                }
             }
             self.local_stats.submits += 1;
             self.queued_sqes = 0;
         }
+    }
+
+    fn push(&mut self, sqe: squeue::Entry) {
+        self.ensure_room(1);
+        // SAFETY: every buffer an entry points to (iovecs in a slot, guest memory they
+        // describe, kick/ctrl buffers, the static ONE) stays valid until its completion:
+        // slots are only reused after their completion, guest memory is only swapped when
+        // nothing is in flight, and the kick/ctrl buffers live as long as the worker.
+        let pushed = unsafe { self.ring.submission().push(&sqe) };
+        debug_assert!(pushed.is_ok(), "room was ensured");
+        self.queued_sqes += 1;
     }
 
     fn arm_ctrl(&mut self) {
@@ -414,6 +511,7 @@ impl Worker {
             .user_data(ud(TAG_NOP, 0));
         let buf = &mut self.kick_bufs[local] as *mut u64 as *mut u8;
         let read = opcode::Read::new(fd, buf, 8).build().user_data(tag);
+        self.ensure_room(2);
         self.push(poll);
         self.push(read);
     }
@@ -421,28 +519,128 @@ impl Worker {
     fn run(&mut self) {
         loop {
             self.reap();
-            self.process_pending();
+            self.gather();
+            self.flush_staged();
             self.finish_stops();
             self.notify();
             self.local_stats.publish(&self.stats);
             if self.shutdown && self.queues.iter().all(|q| q.is_none()) && self.inflight() == 0 {
                 break;
             }
-            let submitting = self.queued_sqes > 0;
+            if self.queued_sqes > 0 {
+                self.record_submit();
+                if let Err(e) = self.ring.submit() {
+                    if !matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) {
+                        tracing::error!(err = %e, "io_uring submit failed");
+                    }
+                }
+            }
+            // Poll while it pays: guest notifications stay suppressed, and completions are
+            // reaped from the completion ring without a syscall.
+            if self.poll_for_work() {
+                continue;
+            }
+            // Going to sleep: ask the guest for notifications again, and look once more so a
+            // request that raced with that is not left waiting for a kick that never comes.
+            if self.enable_notifications() {
+                continue;
+            }
+            let slept = Instant::now();
             match self.ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) => {}
                 Err(e) => {
                     tracing::error!(err = %e, "io_uring_enter failed; I/O thread stops");
                     break;
                 }
             }
-            if submitting {
-                self.local_stats.submits += 1;
-            }
-            self.queued_sqes = 0;
+            self.local_stats.sleeps += 1;
+            self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
         self.local_stats.publish(&self.stats);
+    }
+
+    fn record_submit(&mut self) {
+        self.local_stats.submits += 1;
+        self.queued_sqes = 0;
+    }
+
+    /// Busy-polls the avail rings and the completion ring for up to the poll window.
+    /// Returns true when it found work.
+    fn poll_for_work(&mut self) -> bool {
+        let window = self.poll.window_ns();
+        if window == 0 || self.pending_mem.is_some() || self.shutdown {
+            return false;
+        }
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if !self.ring.completion().is_empty() || self.any_avail() {
+                self.local_stats.poll_hits += 1;
+                self.poll.on_poll_hit(start.elapsed().as_nanos() as u64);
+                return true;
+            }
+            spins += 1;
+            if spins % 16 == 0 && start.elapsed().as_nanos() as u64 >= window {
+                self.local_stats.poll_misses += 1;
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Whether any running queue has avail entries not yet popped (a read of guest memory).
+    fn any_avail(&mut self) -> bool {
+        let Some(mem) = self.mem.as_deref() else {
+            return false;
+        };
+        let mut found = false;
+        for q in self.queues.iter_mut().flatten() {
+            if q.broken || q.stop_reply.is_some() {
+                continue;
+            }
+            if let Ok(idx) = q.queue.avail_idx(mem, Ordering::Acquire) {
+                if idx.0 != q.queue.next_avail() {
+                    q.pending = true;
+                    found = true;
+                }
+            }
+        }
+        found
+    }
+
+    /// Re-enables guest notifications on every running queue; true if work arrived meanwhile.
+    fn enable_notifications(&mut self) -> bool {
+        let Some(mem) = self.mem.clone() else {
+            return false;
+        };
+        let mut found = false;
+        for q in self.queues.iter_mut().flatten() {
+            if q.broken || q.stop_reply.is_some() {
+                continue;
+            }
+            match q.queue.enable_notification(&*mem) {
+                Ok(true) => {
+                    q.pending = true;
+                    found = true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    q.broken = true;
+                    if let Some(d) = self.log.allow() {
+                        tracing::error!(queue = q.index, err = %e, dropped_logs = d, "avail ring unreadable; queue stopped until reset");
+                    }
+                }
+            }
+        }
+        found
     }
 
     fn inflight(&self) -> usize {
@@ -458,18 +656,23 @@ impl Worker {
             let (data, res) = (cqe.user_data(), cqe.result());
             let payload = data & PAYLOAD_MASK;
             match data >> TAG_SHIFT {
-                TAG_IO => self.complete_io(payload as usize, res),
+                TAG_IO => self.complete_io(payload as u32, res),
                 TAG_KICK => {
                     let local = (payload & 0xffff) as usize;
                     let gen = (payload >> 16) as u32;
                     let live = matches!(self.queues.get(local), Some(Some(q)) if q.gen == gen && q.stop_reply.is_none());
                     if live {
-                        if res < 0 && res != -libc::ECANCELED && res != -libc::EINTR && res != -libc::EAGAIN {
+                        if res < 0
+                            && res != -libc::ECANCELED
+                            && res != -libc::EINTR
+                            && res != -libc::EAGAIN
+                        {
                             tracing::warn!(err = %std::io::Error::from_raw_os_error(-res), "kick eventfd read failed");
                         }
                         if let Some(Some(q)) = self.queues.get_mut(local) {
                             q.pending = true;
                         }
+                        self.local_stats.kicks += 1;
                         self.arm_kick(local);
                     }
                 }
@@ -544,7 +747,8 @@ impl Worker {
     /// Completes stops and memory swaps whose queues have drained.
     fn finish_stops(&mut self) {
         for local in 0..self.queues.len() {
-            let done = matches!(&self.queues[local], Some(q) if q.stop_reply.is_some() && q.inflight == 0);
+            let done =
+                matches!(&self.queues[local], Some(q) if q.stop_reply.is_some() && q.inflight == 0);
             if done {
                 let mut q = self.queues[local].take().expect("checked");
                 // Publish what completed before stopping.
@@ -572,20 +776,47 @@ impl Worker {
         }
     }
 
-    fn process_pending(&mut self) {
+    /// Pops and stages what the queues have, waiting a little for more under heavy load.
+    fn gather(&mut self) {
         if self.pending_mem.is_some() {
             return;
         }
+        self.drain_pending();
+        let wait = self.batch.wait_ns(self.staged.len());
+        if wait > 0 {
+            let start = Instant::now();
+            let target = self.batch.mean() as usize;
+            let mut spins = 0u32;
+            while self.staged.len() < target {
+                if self.any_avail() {
+                    self.drain_pending();
+                    continue;
+                }
+                spins += 1;
+                if spins % 16 == 0 && start.elapsed().as_nanos() as u64 >= wait {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            self.local_stats.batch_waits += 1;
+        }
+        if !self.staged.is_empty() {
+            self.batch.record(self.staged.len());
+        }
+    }
+
+    fn drain_pending(&mut self) {
         for local in 0..self.queues.len() {
             let go = matches!(&self.queues[local], Some(q) if q.pending && !q.broken && q.stop_reply.is_none());
             if go {
-                self.process_queue(local);
+                self.drain_queue(local);
             }
         }
     }
 
-    /// Drains one queue's avail ring (bounded by its size in flight).
-    fn process_queue(&mut self, local: usize) {
+    /// Pops one queue's avail ring (bounded by its size in flight), with guest notifications
+    /// suppressed; they are re-enabled only when the worker is about to sleep.
+    fn drain_queue(&mut self, local: usize) {
         let Some(mem) = self.mem.clone() else {
             return;
         };
@@ -594,49 +825,67 @@ impl Worker {
         {
             let q = self.queues[local].as_mut().expect("caller checked");
             q.pending = false;
-        }
-        loop {
-            let mut popped = 0u32;
-            loop {
-                let q = self.queues[local].as_mut().expect("caller checked");
-                if q.inflight >= size {
-                    // Throttled: resume when completions free room.
-                    q.pending = true;
-                    return;
+            if let Err(e) = q.queue.disable_notification(mem) {
+                q.broken = true;
+                if let Some(d) = self.log.allow() {
+                    tracing::error!(queue = q.index, err = %e, dropped_logs = d, "used ring unwritable; queue stopped until reset");
                 }
-                let Some(chain) = q.queue.pop_descriptor_chain(mem) else {
-                    break;
-                };
-                popped += 1;
-                q.inflight += 1;
-                let head = chain.head_index();
-                self.start_request(local, head, chain, mem);
+                return;
             }
+        }
+        let mut popped = 0u32;
+        loop {
             let q = self.queues[local].as_mut().expect("caller checked");
-            match q.queue.enable_notification(mem) {
-                Ok(true) => {
-                    if popped == 0 {
-                        // The avail index moved but nothing can be popped: the guest broke the
-                        // ring (an index more than the queue size ahead, or unreadable ring).
-                        q.broken = true;
-                        if let Some(d) = self.log.allow() {
-                            tracing::error!(queue = q.index, dropped_logs = d, "guest broke the avail ring; queue stopped until reset");
-                        }
-                        return;
-                    }
-                    // More arrived while we worked: go again.
-                    let _ = q.queue.disable_notification(mem);
-                }
-                Ok(false) => return,
-                Err(e) => {
+            if q.inflight >= size {
+                // Throttled: resumes when completions free room.
+                q.pending = true;
+                return;
+            }
+            let Some(chain) = q.queue.pop_descriptor_chain(mem) else {
+                break;
+            };
+            popped += 1;
+            q.inflight += 1;
+            let head = chain.head_index();
+            self.start_request(local, head, chain, mem);
+        }
+        if popped == 0 {
+            // Woken (or polled) with an avail index ahead of us but nothing poppable: the guest
+            // broke the ring (index more than the queue size ahead, or unreadable ring).
+            let q = self.queues[local].as_mut().expect("caller checked");
+            if let Ok(idx) = q.queue.avail_idx(mem, Ordering::Acquire) {
+                if idx.0 != q.queue.next_avail() {
                     q.broken = true;
                     if let Some(d) = self.log.allow() {
-                        tracing::error!(queue = q.index, err = %e, dropped_logs = d, "avail ring unreadable; queue stopped until reset");
+                        tracing::error!(
+                            queue = q.index,
+                            dropped_logs = d,
+                            "guest broke the avail ring; queue stopped until reset"
+                        );
                     }
-                    return;
                 }
             }
         }
+    }
+
+    /// Completes a request that never reaches the engine: writes `status`, adds the used entry.
+    fn complete_now(
+        &mut self,
+        local: usize,
+        head: u16,
+        status: Status,
+        used_len: u32,
+        status_addr: Option<GuestAddress>,
+        mem: &Mem,
+    ) {
+        let used = match status_addr {
+            Some(addr) if mem.write_obj(status as u8, addr).is_ok() => used_len,
+            _ => 0,
+        };
+        if status != Status::Ok {
+            self.local_stats.errors += 1;
+        }
+        self.finish(local, head, used, mem);
     }
 
     fn start_request<I>(&mut self, local: usize, head: u16, chain: I, mem: &Mem)
@@ -651,151 +900,196 @@ impl Worker {
                     let q = self.queues[local].as_ref().map(|q| q.index).unwrap_or(0);
                     tracing::warn!(queue = q, head, reason = %rej.reason, status = ?rej.status, dropped_logs = d, "bad request from guest");
                 }
-                let used_len = match rej.status_addr {
-                    Some(addr) => {
-                        if mem.write_obj(rej.status as u8, addr).is_ok() {
-                            1
-                        } else {
-                            0
-                        }
-                    }
-                    None => 0,
-                };
-                self.local_stats.errors += 1;
-                self.finish(local, head, used_len, mem);
+                self.complete_now(local, head, rej.status, 1, rej.status_addr, mem);
                 return;
             }
         };
-        let offset = req.offset();
-        let op = match req.kind {
-            Kind::GetId => {
-                let mut left = req.len as usize;
-                let mut at = 0usize;
-                let mut ok = true;
-                for s in &self.segs {
-                    if left == 0 {
-                        break;
-                    }
-                    let n = left.min(s.len as usize);
-                    let mut chunk = [0u8; blk::request::ID_LEN];
-                    let src = &self.serial[at.min(self.serial.len())..(at + n).min(self.serial.len())];
-                    chunk[..src.len()].copy_from_slice(src);
-                    ok &= mem.write_slice(&chunk[..n], s.addr).is_ok();
-                    left -= n;
-                    at += n;
-                }
-                let status = if ok { Status::Ok } else { Status::IoErr };
-                let _ = mem.write_obj(status as u8, req.status_addr);
-                self.finish(local, head, req.len as u32 + 1, mem);
-                return;
-            }
-            Kind::Read | Kind::Write => {
-                let Some(slot_idx) = self.free.last().copied() else {
-                    // Cannot happen: slots = sum of queue sizes and each queue is throttled
-                    // at its size. Fail safely anyway.
-                    let _ = mem.write_obj(Status::IoErr as u8, req.status_addr);
-                    self.finish(local, head, 1, mem);
-                    return;
-                };
-                let slot = &mut self.slots[slot_idx as usize];
-                slot.iovs.clear();
-                let mut mapped = true;
-                'segs: for s in &self.segs {
-                    for vs in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
-                        match vs {
-                            Ok(vs) if slot.iovs.len() < IOV_MAX => slot.iovs.push(libc::iovec {
-                                iov_base: vs.ptr_guard_mut().as_ptr() as *mut libc::c_void,
-                                iov_len: vs.len(),
-                            }),
-                            _ => {
-                                mapped = false;
-                                break 'segs;
-                            }
+        let st = Some(req.status_addr);
+        if req.kind == Kind::GetId {
+            let ok = write_id(mem, &self.segs, &self.serial, req.len as usize);
+            let status = if ok { Status::Ok } else { Status::IoErr };
+            self.complete_now(local, head, status, req.len as u32 + 1, st, mem);
+            return;
+        }
+        let Some(slot_idx) = self.free.pop() else {
+            // Cannot happen: slots = sum of queue sizes and each queue is throttled at its
+            // size. Fail safely anyway.
+            self.complete_now(local, head, Status::IoErr, 1, st, mem);
+            return;
+        };
+        let slot = &mut self.slots[slot_idx as usize];
+        slot.iovs.clear();
+        if matches!(req.kind, Kind::Read | Kind::Write) {
+            let mut mapped = true;
+            'segs: for s in &self.segs {
+                for vs in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
+                    match vs {
+                        Ok(vs) if slot.iovs.len() < IOV_MAX => slot.iovs.push(libc::iovec {
+                            iov_base: vs.ptr_guard_mut().as_ptr() as *mut libc::c_void,
+                            iov_len: vs.len(),
+                        }),
+                        _ => {
+                            mapped = false;
+                            break 'segs;
                         }
                     }
                 }
-                if !mapped {
-                    if let Some(d) = self.log.allow() {
-                        tracing::warn!(head, dropped_logs = d, "bad request from guest: data buffer outside guest memory or too many segments");
-                    }
-                    self.local_stats.errors += 1;
-                    let _ = mem.write_obj(Status::IoErr as u8, req.status_addr);
-                    self.finish(local, head, 1, mem);
-                    return;
-                }
-                let (iovs, iovcnt) = (slot.iovs.as_ptr(), slot.iovs.len() as u32);
-                if req.kind == Kind::Read {
-                    Op::Read {
-                        offset,
-                        iovs,
-                        iovcnt,
-                    }
-                } else {
-                    Op::Write {
-                        offset,
-                        iovs,
-                        iovcnt,
-                        sync: !self.writeback,
-                    }
-                }
             }
-            Kind::Flush => Op::Flush,
+            if !mapped {
+                self.free.push(slot_idx);
+                if let Some(d) = self.log.allow() {
+                    tracing::warn!(head, dropped_logs = d, "bad request from guest: data buffer outside guest memory or too many segments");
+                }
+                self.complete_now(local, head, Status::IoErr, 1, st, mem);
+                return;
+            }
+        }
+        slot.local = local as u16;
+        slot.head = head;
+        slot.kind = req.kind;
+        slot.status_addr = req.status_addr;
+        slot.len = req.len;
+        slot.offset = req.offset();
+        slot.retried = false;
+        slot.next = NO_SLOT;
+        self.staged.push(slot_idx);
+    }
+
+    fn op_of(&self, slot: &Slot, merged: bool) -> Op {
+        let iovs = if merged { &slot.miovs } else { &slot.iovs };
+        let (ptr, cnt) = (iovs.as_ptr(), iovs.len() as u32);
+        match slot.kind {
+            Kind::Read => Op::Read {
+                offset: slot.offset,
+                iovs: ptr,
+                iovcnt: cnt,
+            },
+            Kind::Write => Op::Write {
+                offset: slot.offset,
+                iovs: ptr,
+                iovcnt: cnt,
+                sync: !self.writeback,
+            },
+            Kind::Flush | Kind::GetId => Op::Flush,
             Kind::Discard => Op::Discard {
-                offset,
-                len: req.len,
+                offset: slot.offset,
+                len: slot.len,
             },
             Kind::WriteZeroes { unmap } => Op::WriteZeroes {
-                offset,
-                len: req.len,
+                offset: slot.offset,
+                len: slot.len,
                 unmap,
             },
+        }
+    }
+
+    /// Hands the staged requests to the engine: adjacent reads/writes of one queue merged
+    /// into one host I/O where allowed, everything submitted with the next io_uring_enter.
+    fn flush_staged(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        self.shapes.clear();
+        for &i in &staged {
+            let s = &self.slots[i as usize];
+            self.shapes.push(Shape {
+                dir: match s.kind {
+                    Kind::Read => Dir::Read,
+                    _ => Dir::Write,
+                },
+                // Only reads and writes of the same queue may merge: give everything else a
+                // shape that never extends or is extended.
+                offset: if matches!(s.kind, Kind::Read | Kind::Write) {
+                    s.offset
+                } else {
+                    u64::MAX
+                },
+                len: if matches!(s.kind, Kind::Read | Kind::Write) {
+                    s.len
+                } else {
+                    0
+                },
+                iovs: if matches!(s.kind, Kind::Read | Kind::Write) {
+                    s.iovs.len()
+                } else {
+                    IOV_MAX + 1
+                },
+            });
+        }
+        let limits = MergeLimits {
+            max_iovs: if self.tuning.merge { IOV_MAX } else { 0 },
+            max_bytes: MAX_MERGE_BYTES,
         };
+        let mut runs: Vec<(usize, usize)> = std::mem::take(&mut self.runs_buf);
+        runs.clear();
+        let shapes = std::mem::take(&mut self.shapes);
+        merge::plan(&shapes, &limits, |a, n| runs.push((a, n)));
+        self.shapes = shapes;
+        for &(a, n) in &runs {
+            // Runs never mix queues: split them at queue boundaries.
+            let mut start = a;
+            while start < a + n {
+                let local = self.slots[staged[start] as usize].local;
+                let mut end = start + 1;
+                while end < a + n && self.slots[staged[end] as usize].local == local {
+                    end += 1;
+                }
+                self.submit_run(&staged[start..end]);
+                start = end;
+            }
+        }
+        self.runs_buf = runs;
+        let mut staged = staged;
+        staged.clear();
+        self.staged = staged;
+    }
+
+    fn submit_run(&mut self, run: &[u32]) {
+        let lead = run[0];
+        let merged = run.len() > 1;
+        if merged {
+            // Chain the members and build the leader's concatenated iovecs.
+            let mut miovs = std::mem::take(&mut self.slots[lead as usize].miovs);
+            miovs.clear();
+            let mut total = 0u64;
+            for (k, &i) in run.iter().enumerate() {
+                let s = &mut self.slots[i as usize];
+                miovs.extend_from_slice(&s.iovs);
+                total += s.len;
+                s.next = run.get(k + 1).copied().unwrap_or(NO_SLOT);
+            }
+            let l = &mut self.slots[lead as usize];
+            l.miovs = miovs;
+            self.local_stats.merges += (run.len() - 1) as u64;
+            let _ = total;
+        }
+        let op = self.op_of(&self.slots[lead as usize], merged);
+        self.local_stats.submitted += run.len() as u64;
         match self.engine.prepare(&op) {
+            Some(sqe) => self.push(sqe.user_data(ud(TAG_IO, u64::from(lead)))),
             None => {
                 // Completed at once (null engine): reads return zeros.
-                if req.kind == Kind::Read {
-                    zero_segments(mem, &self.segs);
-                }
-                self.local_stats.bytes += req.len;
-                let _ = mem.write_obj(Status::Ok as u8, req.status_addr);
-                let used = if req.kind == Kind::Read { req.len as u32 + 1 } else { 1 };
-                self.finish(local, head, used, mem);
-            }
-            Some(sqe) => {
-                let slot_idx = match self.free.pop() {
-                    Some(s) => s,
-                    None => {
-                        let _ = mem.write_obj(Status::IoErr as u8, req.status_addr);
-                        self.finish(local, head, 1, mem);
-                        return;
-                    }
-                };
-                let slot = &mut self.slots[slot_idx as usize];
-                slot.local = local as u16;
-                slot.head = head;
-                slot.kind = req.kind;
-                slot.status_addr = req.status_addr;
-                slot.len = req.len;
-                slot.op = op;
-                slot.retried = false;
-                self.local_stats.submitted += 1;
-                self.push(sqe.user_data(ud(TAG_IO, u64::from(slot_idx))));
+                let res = run.iter().map(|&i| self.slots[i as usize].len).sum::<u64>();
+                self.complete_io(lead, res.min(i32::MAX as u64) as i32);
             }
         }
     }
 
-    fn complete_io(&mut self, slot_idx: usize, res: i32) {
-        let Some(slot) = self.slots.get_mut(slot_idx) else {
+    fn complete_io(&mut self, lead: u32, res: i32) {
+        let Some(slot) = self.slots.get_mut(lead as usize) else {
             return;
         };
-        let (local, head, kind, len) = (slot.local as usize, slot.head, slot.kind, slot.len);
+        let (kind, head) = (slot.kind, slot.head);
+        let merged = slot.next != NO_SLOT;
         let status = if res < 0 {
             let errno = -res;
-            if errno == libc::EOPNOTSUPP && !slot.retried {
-                if let Some(sqe) = self.engine.fallback_punch(&slot.op) {
+            if errno == libc::EOPNOTSUPP && !slot.retried && !merged {
+                let op = self.op_of(&self.slots[lead as usize], false);
+                if let Some(sqe) = self.engine.fallback_punch(&op) {
                     // ZERO_RANGE refused (e.g. tmpfs): punching a hole also reads back zeros.
-                    slot.retried = true;
-                    self.push(sqe.user_data(ud(TAG_IO, slot_idx as u64)));
+                    self.slots[lead as usize].retried = true;
+                    self.push(sqe.user_data(ud(TAG_IO, u64::from(lead))));
                     return;
                 }
             }
@@ -808,32 +1102,51 @@ impl Worker {
                 }
                 Status::IoErr
             }
-        } else if matches!(kind, Kind::Read | Kind::Write) && res as u64 != len {
-            if let Some(d) = self.log.allow() {
-                tracing::warn!(?kind, head, done = res, want = len, dropped_logs = d, "short I/O");
+        } else if matches!(kind, Kind::Read | Kind::Write) {
+            let mut want = 0u64;
+            let mut i = lead;
+            while i != NO_SLOT {
+                want += self.slots[i as usize].len;
+                i = self.slots[i as usize].next;
             }
-            Status::IoErr
+            if res as u64 != want {
+                if let Some(d) = self.log.allow() {
+                    tracing::warn!(?kind, head, done = res, want, dropped_logs = d, "short I/O");
+                }
+                Status::IoErr
+            } else {
+                Status::Ok
+            }
         } else {
             Status::Ok
         };
-        if status == Status::Ok && matches!(kind, Kind::Read | Kind::Write) {
-            self.local_stats.bytes += len;
-        }
-        if status != Status::Ok {
-            self.local_stats.errors += 1;
-        }
-        let status_addr = slot.status_addr;
-        self.free.push(slot_idx as u32);
         let Some(mem) = self.mem.clone() else {
             return;
         };
-        let _ = mem.write_obj(status as u8, status_addr);
-        let used = if kind == Kind::Read && status == Status::Ok {
-            len as u32 + 1
-        } else {
-            1
-        };
-        self.finish(local, head, used, &mem);
+        let null_read = self.engine.is_null() && kind == Kind::Read;
+        let mut i = lead;
+        while i != NO_SLOT {
+            let (local, head, len, status_addr, next) = {
+                let s = &mut self.slots[i as usize];
+                let next = s.next;
+                s.next = NO_SLOT;
+                (s.local as usize, s.head, s.len, s.status_addr, next)
+            };
+            if null_read {
+                zero_iovecs(&mem, &self.slots[i as usize].iovs);
+            }
+            if status == Status::Ok && matches!(kind, Kind::Read | Kind::Write) {
+                self.local_stats.bytes += len;
+            }
+            let used = if kind == Kind::Read && status == Status::Ok {
+                len as u32 + 1
+            } else {
+                1
+            };
+            self.free.push(i);
+            self.complete_now(local, head, status, used, Some(status_addr), &mem);
+            i = next;
+        }
     }
 
     /// Publishes a used entry for `head`.
@@ -842,6 +1155,11 @@ impl Worker {
         let Some(Some(q)) = self.queues.get_mut(local) else {
             return;
         };
+        let size = u32::from(self.queue_sizes[local]);
+        if q.inflight == size && !q.broken {
+            // It was throttled: resume popping now that there is room.
+            q.pending = true;
+        }
         q.inflight = q.inflight.saturating_sub(1);
         if let Err(e) = q.queue.add_used(mem, head, used_len) {
             if let Some(d) = self.log.allow() {
@@ -849,12 +1167,6 @@ impl Worker {
             }
         }
         q.used_added = true;
-        if q.inflight < u32::from(self.queue_sizes[local]) && !q.broken {
-            // Throttled queues resume when room frees up; harmless otherwise.
-            if q.inflight + 1 == u32::from(self.queue_sizes[local]) {
-                q.pending = true;
-            }
-        }
     }
 
     fn notify(&mut self) {
@@ -869,6 +1181,34 @@ impl Worker {
     }
 }
 
+/// Writes the serial into a GET_ID request's buffers.
+fn write_id(mem: &Mem, segs: &[Segment], serial: &[u8], len: usize) -> bool {
+    let mut id = [0u8; blk::request::ID_LEN];
+    let n = serial.len().min(id.len());
+    id[..n].copy_from_slice(&serial[..n]);
+    let mut at = 0usize;
+    for s in segs {
+        if at >= len {
+            break;
+        }
+        let n = (len - at).min(s.len as usize);
+        if mem.write_slice(&id[at..at + n], s.addr).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    true
+}
+
+fn zero_iovecs(mem: &Mem, iovs: &[libc::iovec]) {
+    let _ = mem;
+    for iov in iovs {
+        // SAFETY: each iovec was produced from a vm-memory slice of the current guest memory
+        // mapping (held alive by `mem`), with exactly this base and length.
+        unsafe { std::ptr::write_bytes(iov.iov_base as *mut u8, 0, iov.iov_len) };
+    }
+}
+
 fn notify_queue(ring: &mut IoUring, stats: &mut LocalStats, q: &mut ActiveQueue, mem: &Mem) {
     q.used_added = false;
     let needed = q.queue.needs_notification(mem).unwrap_or(true);
@@ -876,9 +1216,13 @@ fn notify_queue(ring: &mut IoUring, stats: &mut LocalStats, q: &mut ActiveQueue,
         return;
     }
     if let Some(call) = q.call.as_ref() {
-        let sqe = opcode::Write::new(types::Fd(call.as_raw_fd()), &ONE as *const u64 as *const u8, 8)
-            .build()
-            .user_data(ud(TAG_NOP, 1));
+        let sqe = opcode::Write::new(
+            types::Fd(call.as_raw_fd()),
+            &ONE as *const u64 as *const u8,
+            8,
+        )
+        .build()
+        .user_data(ud(TAG_NOP, 1));
         // SAFETY: `ONE` is static; the call file is kept open by the kernel for the request.
         let pushed = unsafe { ring.submission().push(&sqe) };
         if pushed.is_err() {
@@ -897,19 +1241,4 @@ fn nix_write_one(f: &File) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-fn zero_segments(mem: &Mem, segs: &[Segment]) {
-    static ZEROS: [u8; 4096] = [0; 4096];
-    for s in segs {
-        let mut done = 0u64;
-        while done < u64::from(s.len) {
-            let n = (u64::from(s.len) - done).min(4096) as usize;
-            match s.addr.checked_add(done) {
-                Some(a) if mem.write_slice(&ZEROS[..n], a).is_ok() => {}
-                _ => break,
-            }
-            done += n as u64;
-        }
-    }
 }

@@ -15,12 +15,14 @@ use std::sync::Arc;
 
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
-    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures,
-    VhostUserShMemConfig, VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags,
-    VhostUserVringState, VhostUserVirtioFeatures,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    Backend, Error as VhuError, GpuBackend, Result as VhuResult, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
-use vhost::vhost_user::{Backend, Error as VhuError, GpuBackend, Result as VhuResult, VhostUserBackendReqHandlerMut};
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -122,6 +124,7 @@ impl ExportShared {
                 queue_sizes: vec![cfg.queue_size; nq],
                 limits,
                 serial: serial.clone(),
+                tuning: cfg.tuning,
             };
             workers.push(worker::spawn(wc, engine.clone())?);
         }
@@ -237,7 +240,10 @@ impl Device {
         q.set_next_used(v.base);
         q.set_ready(true);
         if !q.is_valid(&*mem) {
-            tracing::error!(queue = i, "frontend gave an invalid ring (size or addresses); queue not started");
+            tracing::error!(
+                queue = i,
+                "frontend gave an invalid ring (size or addresses); queue not started"
+            );
             return;
         }
         let kick = match v.kick.as_ref().map(|k| k.try_clone()) {
@@ -339,7 +345,10 @@ impl VhostUserBackendReqHandlerMut for Device {
     fn set_features(&mut self, features: u64) -> VhuResult<()> {
         let offered = device_features(self.export.cfg.readonly);
         if features & !offered != 0 {
-            tracing::warn!(features = format_args!("{features:#x}"), "frontend acked features we did not offer");
+            tracing::warn!(
+                features = format_args!("{features:#x}"),
+                "frontend acked features we did not offer"
+            );
             return Err(einval());
         }
         self.acked_features = features;
@@ -470,7 +479,12 @@ impl VhostUserBackendReqHandlerMut for Device {
         Ok(())
     }
 
-    fn get_config(&mut self, offset: u32, size: u32, _flags: VhostUserConfigFlags) -> VhuResult<Vec<u8>> {
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VhuResult<Vec<u8>> {
         let (off, size) = (offset as usize, size as usize);
         let end = off.checked_add(size).ok_or_else(einval)?;
         if end > CONFIG_SPACE_LEN {
@@ -479,7 +493,12 @@ impl VhostUserBackendReqHandlerMut for Device {
         Ok(self.config_bytes()[off..end].to_vec())
     }
 
-    fn set_config(&mut self, offset: u32, buf: &[u8], _flags: VhostUserConfigFlags) -> VhuResult<()> {
+    fn set_config(
+        &mut self,
+        offset: u32,
+        buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VhuResult<()> {
         // Only the writeback byte is writable, and only with CONFIG_WCE.
         let wce = self.acked_features & (1 << VIRTIO_BLK_F_CONFIG_WCE) != 0;
         let off = offset as usize;
@@ -508,7 +527,10 @@ impl VhostUserBackendReqHandlerMut for Device {
         Err(VhuError::InvalidOperation("shared object"))
     }
 
-    fn get_inflight_fd(&mut self, _inflight: &VhostUserInflight) -> VhuResult<(VhostUserInflight, File)> {
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> VhuResult<(VhostUserInflight, File)> {
         Err(VhuError::InvalidOperation("inflight fd"))
     }
 

@@ -1,0 +1,488 @@
+//! Helpers for integration tests that run the real daemon: temp dirs and disk images, spawning
+//! `mqblk serve` with `--export` specs, waiting for its sockets, and stopping it.
+//!
+//! Set `MQBLK_TEST_BACKEND=qsd` to run the same tests against qemu-storage-daemon instead (the
+//! reference backend; thread-mapping settings are ignored there), or `MQBLK_BIN` to run another
+//! build of mqblk. Set `MQBLK_TEST_LOG_LEVEL` to
+//! pass `--log-level` to mqblk. The daemon's output goes to `daemon.log` in the test's directory
+//! and is printed when the test fails.
+
+#![allow(dead_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mqblk::client::fill_pattern;
+
+/// Longest a daemon may take to create and listen on its sockets.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a daemon may take to exit after SIGTERM.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A test whose daemon is still running after this long is stuck: the daemon is SIGKILLed, which
+/// makes blocked client calls fail instead of hanging the test run.
+pub const WATCHDOG: Duration = Duration::from_secs(60);
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * 1024;
+
+/// A test's own temporary directory (removed when dropped).
+pub struct TestDir {
+    dir: tempfile::TempDir,
+}
+
+impl TestDir {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("mqblk-test-")
+            .tempdir()
+            .expect("creating a temp dir");
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A path inside the directory.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Creates `name` of `size` bytes: zeroes (sparse) if `seed` is `None`, else the seeded
+    /// pattern of [`fill_pattern`] (so a test can tell old data from new data and zeroes).
+    pub fn image(&self, name: &str, size: u64, seed: Option<u64>) -> PathBuf {
+        let path = self.join(name);
+        write_image(&path, size, seed);
+        path
+    }
+}
+
+impl Default for TestDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Writes an image file of `size` bytes; see [`TestDir::image`].
+pub fn write_image(path: &Path, size: u64, seed: Option<u64>) {
+    let f = File::create(path).expect("creating image");
+    f.set_len(size).expect("sizing image");
+    if let Some(seed) = seed {
+        let mut buf = vec![0u8; MIB as usize];
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(MIB) as usize;
+            fill_pattern(&mut buf[..n], off, seed);
+            f.write_all_at(&buf[..n], off).expect("writing image");
+            off += n as u64;
+        }
+    }
+    f.sync_all().expect("syncing image");
+}
+
+/// The expected content of a whole image: the seeded pattern (or zeroes), to be patched with
+/// what a test wrote and then compared with [`assert_file_eq`].
+pub fn pattern_bytes(size: u64, offset: u64, seed: Option<u64>) -> Vec<u8> {
+    let mut v = vec![0u8; size as usize];
+    if let Some(seed) = seed {
+        fill_pattern(&mut v, offset, seed);
+    }
+    v
+}
+
+/// Reads `len` bytes at `offset` straight from the file on the host (not through the daemon).
+pub fn read_file(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+    let f = File::open(path).expect("opening image");
+    let mut v = vec![0u8; len];
+    f.read_exact_at(&mut v, offset).expect("reading image");
+    v
+}
+
+pub fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).expect("stat image").len()
+}
+
+/// Asserts that the whole file equals `expected`, naming the first differing offset.
+pub fn assert_file_eq(path: &Path, expected: &[u8], what: &str) {
+    let len = file_len(path);
+    assert_eq!(len, expected.len() as u64, "{what}: image size changed");
+    let actual = read_file(path, 0, expected.len());
+    assert_bytes_eq(&actual, expected, 0, what);
+}
+
+/// Asserts `actual == expected`; on failure names the first differing disk offset (`base` is the
+/// disk offset of byte 0) instead of dumping megabytes.
+pub fn assert_bytes_eq(actual: &[u8], expected: &[u8], base: u64, what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}: length");
+    if let Some(i) = actual.iter().zip(expected).position(|(a, b)| a != b) {
+        let end = (i + 16).min(actual.len());
+        panic!(
+            "{what}: first difference at disk offset {} (byte {i}): got {:02x?}, expected {:02x?}",
+            base + i as u64,
+            &actual[i..end],
+            &expected[i..end]
+        );
+    }
+}
+
+/// Queue-to-thread mapping of an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mapping {
+    /// 1 queue, 1 thread.
+    Baseline,
+    /// N queues, 1 thread.
+    Mq(usize),
+    /// N queues, N threads.
+    PerQueue(usize),
+}
+
+impl Mapping {
+    pub fn queues(self) -> usize {
+        match self {
+            Mapping::Baseline => 1,
+            Mapping::Mq(n) | Mapping::PerQueue(n) => n,
+        }
+    }
+}
+
+/// One `--export` of `mqblk serve`.
+#[derive(Clone, Debug)]
+pub struct Export {
+    pub socket: PathBuf,
+    pub path: Option<PathBuf>,
+    pub engine: Option<String>,
+    pub size: Option<u64>,
+    pub queues: Option<usize>,
+    pub queue_size: Option<u32>,
+    /// `threads=` value: `per-queue` or a number.
+    pub threads: Option<String>,
+    pub readonly: bool,
+    pub direct: Option<bool>,
+    /// Further `key=value` pairs, passed as they are.
+    pub extra: Vec<(String, String)>,
+}
+
+impl Export {
+    /// An export of the raw file `image` on `socket`.
+    pub fn file(socket: impl Into<PathBuf>, image: impl Into<PathBuf>) -> Self {
+        Self {
+            socket: socket.into(),
+            path: Some(image.into()),
+            engine: None,
+            size: None,
+            queues: None,
+            queue_size: None,
+            threads: None,
+            readonly: false,
+            direct: None,
+            extra: Vec::new(),
+        }
+    }
+
+    pub fn queues(mut self, n: usize) -> Self {
+        self.queues = Some(n);
+        self
+    }
+
+    pub fn threads(mut self, t: &str) -> Self {
+        self.threads = Some(t.to_string());
+        self
+    }
+
+    /// Sets queues and threads for a thread mapping.
+    pub fn mapping(self, m: Mapping) -> Self {
+        match m {
+            Mapping::Baseline => self.queues(1).threads("1"),
+            Mapping::Mq(n) => self.queues(n).threads("1"),
+            Mapping::PerQueue(n) => self.queues(n).threads("per-queue"),
+        }
+    }
+
+    pub fn readonly(mut self) -> Self {
+        self.readonly = true;
+        self
+    }
+
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = Some(on);
+        self
+    }
+
+    pub fn set(mut self, key: &str, value: &str) -> Self {
+        self.extra.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// The `SPEC` of `--export SPEC`.
+    pub fn spec(&self) -> String {
+        let mut kv = vec![format!("socket={}", self.socket.display())];
+        if let Some(p) = &self.path {
+            kv.push(format!("path={}", p.display()));
+        }
+        if let Some(e) = &self.engine {
+            kv.push(format!("engine={e}"));
+        }
+        if let Some(s) = self.size {
+            kv.push(format!("size={s}"));
+        }
+        if let Some(q) = self.queues {
+            kv.push(format!("queues={q}"));
+        }
+        if let Some(q) = self.queue_size {
+            kv.push(format!("queue-size={q}"));
+        }
+        if let Some(t) = &self.threads {
+            kv.push(format!("threads={t}"));
+        }
+        if self.readonly {
+            kv.push("readonly=on".into());
+        }
+        if let Some(d) = self.direct {
+            kv.push(format!("direct={}", if d { "on" } else { "off" }));
+        }
+        for (k, v) in &self.extra {
+            kv.push(format!("{k}={v}"));
+        }
+        kv.join(",")
+    }
+
+    /// qemu-storage-daemon arguments serving the same export (node names from `i`).
+    fn qsd_args(&self, i: usize) -> Vec<String> {
+        let node = format!("node{i}");
+        let direct = if self.direct.unwrap_or(true) {
+            "on"
+        } else {
+            "off"
+        };
+        let ro = if self.readonly { "on" } else { "off" };
+        let blockdev = match self.engine.as_deref() {
+            Some("null") => format!(
+                "driver=null-co,node-name={node},size={},read-zeroes=on",
+                self.size.expect("null engine needs a size")
+            ),
+            _ => {
+                let path = self.path.as_ref().expect("file export needs a path");
+                if !path.exists() {
+                    write_image(path, self.size.expect("missing image needs a size"), None);
+                }
+                format!(
+                    "driver=file,node-name={node},filename={},cache.direct={direct},discard=unmap,read-only={ro}",
+                    path.display()
+                )
+            }
+        };
+        let export = format!(
+            "type=vhost-user-blk,id=exp{i},node-name={node},addr.type=unix,addr.path={},writable={},num-queues={}",
+            self.socket.display(),
+            if self.readonly { "off" } else { "on" },
+            self.queues.unwrap_or(1)
+        );
+        vec!["--blockdev".into(), blockdev, "--export".into(), export]
+    }
+}
+
+/// The daemon binary: this package's `mqblk`, or `MQBLK_BIN` if set.
+fn mqblk_bin() -> PathBuf {
+    std::env::var_os("MQBLK_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mqblk")))
+}
+
+fn use_qsd() -> bool {
+    std::env::var("MQBLK_TEST_BACKEND").is_ok_and(|b| b == "qsd")
+}
+
+/// A running daemon. Dropping it kills it (SIGKILL); [`Daemon::terminate`] stops it the proper
+/// way and checks that it exits cleanly.
+pub struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+    watchdog: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+    pub exports: Vec<Export>,
+}
+
+impl Daemon {
+    /// Starts `mqblk serve` with `exports` (logging to `dir/daemon.log`) and waits until every
+    /// export's socket is listening.
+    pub fn start(dir: &TestDir, exports: &[Export]) -> Self {
+        let log = dir.join("daemon.log");
+        let logf = File::create(&log).expect("creating daemon log");
+        let mut cmd;
+        if use_qsd() {
+            cmd = Command::new("qemu-storage-daemon");
+            for (i, e) in exports.iter().enumerate() {
+                cmd.args(e.qsd_args(i));
+            }
+        } else {
+            cmd = Command::new(mqblk_bin());
+            cmd.arg("serve");
+            for e in exports {
+                cmd.arg("--export").arg(e.spec());
+            }
+            if let Ok(level) = std::env::var("MQBLK_TEST_LOG_LEVEL") {
+                cmd.arg("--log-level").arg(level);
+            }
+        }
+        writeln!(&logf, "$ {cmd:?}").ok();
+        cmd.stdin(Stdio::null())
+            .stdout(logf.try_clone().expect("dup log fd"))
+            .stderr(logf);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let pid = child.id() as libc::pid_t;
+
+        let (tx, rx) = mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(WATCHDOG) {
+                eprintln!("watchdog: daemon {pid} still running after {WATCHDOG:?}, killing it");
+                // SAFETY: plain syscall; the pid is still our unreaped child (the watchdog is
+                // stopped before the child is waited for).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+
+        let mut d = Daemon {
+            child: Some(child),
+            log,
+            watchdog: Some((tx, watchdog)),
+            exports: exports.to_vec(),
+        };
+        for e in exports {
+            d.wait_listening(&e.socket);
+        }
+        d
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon already stopped").id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_listening(&mut self, socket: &Path) {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let mut appeared: Option<Instant> = None;
+        loop {
+            if socket.exists() {
+                let since = *appeared.get_or_insert_with(Instant::now);
+                // Listening per /proc/net/unix; or, should that table not show it (another
+                // network namespace, a path spelt differently), the socket has existed for 1 s.
+                if is_listening(socket) || since.elapsed() > Duration::from_secs(1) {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("waitpid") {
+                self.child = None;
+                panic!(
+                    "daemon exited ({status}) before listening on {}\n--- daemon log ---\n{}",
+                    socket.display(),
+                    self.log()
+                );
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{} not listening after {STARTUP_TIMEOUT:?}\n--- daemon log ---\n{}",
+                    socket.display(),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the daemon has exited (reaping it if so).
+    pub fn has_exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().expect("waitpid")
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some((tx, handle)) = self.watchdog.take() {
+            drop(tx);
+            handle.join().ok();
+        }
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the daemon to exit; returns its exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.stop_watchdog();
+        let mut child = self.child.take().expect("daemon already stopped");
+        // SAFETY: plain syscall on our unreaped child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().expect("waitpid") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                child.kill().ok();
+                child.wait().ok();
+                panic!(
+                    "daemon did not exit within {SHUTDOWN_TIMEOUT:?} of SIGTERM\n--- daemon log ---\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Sends SIGTERM and asserts that the daemon exits with status 0 in time.
+    pub fn terminate(mut self) {
+        let status = self.stop();
+        assert!(
+            status.success(),
+            "daemon exited with {status} after SIGTERM\n--- daemon log ---\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon log ({}) ---\n{}",
+                self.log.display(),
+                self.log()
+            );
+        }
+    }
+}
+
+/// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).
+/// Checked instead of connecting so that the daemon never sees a stray connection.
+fn is_listening(path: &Path) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return true; // cannot tell; the file exists
+    };
+    let want = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // Num RefCount Protocol Flags Type St Inode Path
+        f.len() >= 8
+            && f[7] == want
+            && u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & 0x10000 != 0)
+    })
+}
+
+/// Opens the image for host-side writes while the daemon is stopped (e.g. to corrupt it).
+pub fn open_rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("opening image")
+}
