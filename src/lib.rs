@@ -11,6 +11,7 @@ pub mod blk;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod demo;
 pub mod engine;
 pub mod queue;
 pub mod vhost;
