@@ -220,7 +220,10 @@ pub fn wait_for_signal() -> i32 {
 }
 
 /// Runs `mqblk serve`: starts every export, waits for a signal, drains, returns.
-pub fn serve(exports: Vec<ExportConfig>) -> Result<(), String> {
+///
+/// With `stats_file`, the main thread also rewrites that file with the exports' counters
+/// (see [`write_stats_file`]) every 100 ms while serving, and once more after the signal.
+pub fn serve(exports: Vec<ExportConfig>, stats_file: Option<PathBuf>) -> Result<(), String> {
     block_signals().map_err(|e| format!("cannot block signals: {e}"))?;
     let mut running = Vec::new();
     for cfg in exports {
@@ -234,11 +237,94 @@ pub fn serve(exports: Vec<ExportConfig>) -> Result<(), String> {
             }
         }
     }
-    let sig = wait_for_signal();
+    let sig = match &stats_file {
+        None => wait_for_signal(),
+        Some(path) => wait_writing_stats(&running, path),
+    };
+    if let Some(path) = &stats_file {
+        write_stats_file(&running, path);
+    }
     tracing::info!(signal = sig, "shutting down: draining in-flight I/O");
     for r in running {
         r.shutdown();
     }
     tracing::info!("all exports drained; exiting");
     Ok(())
+}
+
+/// How often `mqblk serve --stats-file` rewrites the file.
+const STATS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Like [`wait_for_signal`], rewriting the stats file every [`STATS_INTERVAL`] meanwhile.
+/// Runs on the main thread: the I/O threads only publish their counters as relaxed atomics.
+fn wait_writing_stats(running: &[Export], path: &Path) -> i32 {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: STATS_INTERVAL.as_nanos() as libc::c_long,
+    };
+    loop {
+        write_stats_file(running, path);
+        // SAFETY: sigtimedwait on a local set of signals blocked beforehand; the info pointer
+        // may be null; `ts` outlives the call.
+        let sig = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGINT);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::sigtimedwait(&set, std::ptr::null_mut(), &ts)
+        };
+        if sig > 0 {
+            return sig;
+        }
+    }
+}
+
+/// The exports' counters as JSON: `{"exports": [{"socket": ..., "requests": ..., ...}]}`,
+/// each export's I/O threads summed.
+pub fn stats_json(running: &[Export]) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let exports: Vec<serde_json::Value> = running
+        .iter()
+        .map(|e| {
+            let mut t = [0u64; 12];
+            for w in &e.shared.workers {
+                let s = &w.stats;
+                let v = [
+                    &s.requests,
+                    &s.errors,
+                    &s.submits,
+                    &s.submitted,
+                    &s.notifies,
+                    &s.bytes,
+                    &s.merges,
+                    &s.kicks,
+                    &s.poll_hits,
+                    &s.poll_misses,
+                    &s.sleeps,
+                    &s.batch_waits,
+                ];
+                for (acc, a) in t.iter_mut().zip(v) {
+                    *acc += a.load(Relaxed);
+                }
+            }
+            serde_json::json!({
+                "socket": e.socket.display().to_string(),
+                "threads": e.shared.workers.len(),
+                "requests": t[0], "errors": t[1], "submits": t[2], "submitted": t[3],
+                "notifies": t[4], "bytes": t[5], "merges": t[6], "kicks": t[7],
+                "poll_hits": t[8], "poll_misses": t[9], "sleeps": t[10], "batch_waits": t[11],
+            })
+        })
+        .collect();
+    serde_json::json!({ "exports": exports })
+}
+
+/// Writes [`stats_json`] to `path` atomically (a temporary file beside it, then a rename).
+pub fn write_stats_file(running: &[Export], path: &Path) {
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    let text = stats_json(running).to_string();
+    let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        tracing::warn!(path = %path.display(), err = %e, "cannot write the stats file");
+    }
 }

@@ -55,6 +55,9 @@ enum Cmd {
         /// Log level: error, warn, info, debug or trace (or a tracing filter).
         #[arg(long, value_name = "LEVEL")]
         log_level: Option<String>,
+        /// Rewrite this file with the exports' counters (JSON) every 100 ms, and at exit.
+        #[arg(long, value_name = "PATH")]
+        stats_file: Option<PathBuf>,
     },
     /// Serve a default disk image and drive real, verified I/O through it with the built-in
     /// vhost-user client (libblkio's virtio-blk-vhost-user driver).
@@ -131,10 +134,11 @@ fn main() -> ExitCode {
             exports,
             config,
             log_level,
+            stats_file,
         } => load_exports(&exports, config.as_ref()).and_then(|(ex, file_level)| {
             let level = log_level.or(file_level).unwrap_or_else(|| "info".into());
             init_logging(&level)?;
-            mqblk::daemon::serve(ex)
+            mqblk::daemon::serve(ex, stats_file)
         }),
         Cmd::Demo {
             size,

@@ -1,6 +1,7 @@
 //! virtio-blk: request parsing and validation, and the device's configuration space.
 //! Nothing here does I/O; everything here is fuzzed and unit-tested.
 
+pub mod chain;
 pub mod request;
 
 pub use request::{parse, Kind, Limits, Rejected, Request, Scratch, Segment, Status};

@@ -25,11 +25,13 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::blk::chain::ChainWalker;
 use crate::blk::{self, Kind, Limits, Scratch, Segment, Status};
 use crate::engine::{Engine, Op};
 use crate::queue::batch::BatchPolicy;
 use crate::queue::merge::{self, Dir, MergeLimits, Shape};
 use crate::queue::poll::{PollMode, PollPolicy};
+use crate::vhost::inflight::InflightQueue;
 
 /// Guest memory as the worker sees it.
 pub type Mem = GuestMemoryMmap<()>;
@@ -91,6 +93,10 @@ pub enum Command {
         kick: File,
         /// Backend-to-guest notifications.
         call: Option<File>,
+        /// In-flight tracking for this queue (INFLIGHT_SHMFD), if the frontend set it up.
+        inflight: Option<InflightQueue>,
+        /// Heads that were in flight before a reconnect, to resubmit first, in fetch order.
+        resubmit: Vec<u16>,
     },
     /// Stop a queue once its in-flight requests have completed; replies with next_avail.
     Stop {
@@ -326,6 +332,7 @@ struct ActiveQueue {
     /// The guest broke the ring; nothing more is popped until the queue is restarted.
     broken: bool,
     stop_reply: Option<SyncSender<u16>>,
+    track: Option<InflightQueue>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -694,6 +701,8 @@ impl Worker {
                     queue,
                     kick,
                     call,
+                    inflight,
+                    resubmit,
                 } => {
                     if local >= self.queues.len() {
                         tracing::error!(local, "start for a queue this worker does not own");
@@ -712,9 +721,11 @@ impl Worker {
                         pending: true,
                         broken: false,
                         stop_reply: None,
+                        track: inflight,
                     });
                     self.arm_kick(local);
-                    tracing::debug!(queue = index, "queue started");
+                    self.resubmit(local, &resubmit);
+                    tracing::debug!(queue = index, resubmitted = resubmit.len(), "queue started");
                 }
                 Command::Stop { local, reply } => match self.queues.get_mut(local) {
                     Some(Some(q)) => q.stop_reply = Some(reply),
@@ -728,7 +739,11 @@ impl Worker {
                     }
                 }
                 Command::SetMem { mem, reply } => {
-                    self.pending_mem = Some((mem, reply));
+                    // A private copy of the region table (the mappings themselves are shared):
+                    // the Arc clones this worker makes per batch then touch a reference count
+                    // no other worker touches.
+                    let private = mem.map(|m| Arc::new((*m).clone()));
+                    self.pending_mem = Some((private, reply));
                 }
                 Command::SetWriteback(wb) => self.writeback = wb,
                 Command::Shutdown => {
@@ -773,6 +788,23 @@ impl Worker {
             for q in self.queues.iter_mut().flatten() {
                 q.pending = true;
             }
+        }
+    }
+
+    /// Resubmits requests that were in flight when the previous backend died (they are still
+    /// marked in the in-flight region, with their original fetch order).
+    fn resubmit(&mut self, local: usize, heads: &[u16]) {
+        let Some(mem) = self.mem.clone() else {
+            return;
+        };
+        for &head in heads {
+            let (table, size) = {
+                let q = self.queues[local].as_mut().expect("just started");
+                q.inflight += 1;
+                (GuestAddress(q.queue.desc_table()), q.queue.size())
+            };
+            let chain = ChainWalker::new(&*mem, table, size, head);
+            self.start_request(local, head, chain, &mem);
         }
     }
 
@@ -847,6 +879,9 @@ impl Worker {
             popped += 1;
             q.inflight += 1;
             let head = chain.head_index();
+            if let Some(t) = q.track.as_mut() {
+                t.on_fetch(head);
+            }
             self.start_request(local, head, chain, mem);
         }
         if popped == 0 {
@@ -1161,10 +1196,16 @@ impl Worker {
             q.pending = true;
         }
         q.inflight = q.inflight.saturating_sub(1);
+        if let Some(t) = q.track.as_ref() {
+            t.before_used(head);
+        }
         if let Err(e) = q.queue.add_used(mem, head, used_len) {
             if let Some(d) = self.log.allow() {
                 tracing::warn!(queue = q.index, err = %e, dropped_logs = d, "cannot add used entry");
             }
+        }
+        if let Some(t) = q.track.as_ref() {
+            t.after_used(head, q.queue.next_used());
         }
         q.used_added = true;
     }

@@ -9,6 +9,8 @@
 //! The control plane takes a mutex per connection (the `vhost` crate's `Mutex<T>` adapter);
 //! nothing on the per-request path does.
 
+pub mod inflight;
+
 use std::fs::File;
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
@@ -33,6 +35,7 @@ use crate::blk::{BlkConfig, Limits, CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
 use crate::config::ExportConfig;
 use crate::engine::Engine;
 use crate::queue::worker::{self, Command, Mem, WorkerConfig, WorkerHandle};
+use inflight::InflightRegion;
 
 /// Memory slots we accept (CONFIGURE_MEM_SLOTS); QEMU's own limit.
 pub const MAX_MEM_SLOTS: u64 = 509;
@@ -65,6 +68,7 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+        | VhostUserProtocolFeatures::INFLIGHT_SHMFD
 }
 
 /// What an export's connections share: its settings, its storage and its I/O threads.
@@ -177,6 +181,7 @@ pub struct Device {
     mappings: Vec<Mapping>,
     vrings: Vec<Vring>,
     writeback: bool,
+    inflight: Option<Arc<InflightRegion>>,
 }
 
 fn einval() -> VhuError {
@@ -195,6 +200,7 @@ impl Device {
             mappings: Vec::new(),
             vrings: (0..nq).map(|_| Vring::default()).collect(),
             writeback: true,
+            inflight: None,
         }
     }
 
@@ -246,6 +252,34 @@ impl Device {
             );
             return;
         }
+        // With in-flight tracking, the rings restart from what the region says: everything
+        // completed is in the used ring, everything fetched but not completed is resubmitted.
+        let mut resubmit = Vec::new();
+        let mut track = self.inflight.as_ref().and_then(|r| r.queue(i));
+        if let Some(t) = track.as_mut() {
+            match q.used_idx(&*mem, std::sync::atomic::Ordering::Acquire) {
+                Ok(used) => {
+                    resubmit = t.recover(used.0);
+                    let next_avail = used.0.wrapping_add(resubmit.len() as u16);
+                    if !resubmit.is_empty() {
+                        tracing::info!(
+                            queue = i,
+                            resubmitted = resubmit.len(),
+                            used_idx = used.0,
+                            next_avail,
+                            "resubmitting requests that were in flight before the reconnect"
+                        );
+                    }
+                    q.set_next_avail(next_avail);
+                    q.set_next_used(used.0);
+                }
+                Err(e) => {
+                    tracing::error!(queue = i, err = ?e, "cannot read the used ring; queue not started");
+                    return;
+                }
+            }
+        }
+        let v = &mut self.vrings[i];
         let kick = match v.kick.as_ref().map(|k| k.try_clone()) {
             Some(Ok(k)) => k,
             _ => return,
@@ -259,6 +293,8 @@ impl Device {
             queue: q,
             kick,
             call,
+            inflight: track,
+            resubmit,
         });
     }
 
@@ -301,6 +337,7 @@ impl Device {
         self.acked_features = 0;
         self.acked_protocol = 0;
         self.writeback = true;
+        self.inflight = None;
         for w in &self.export.workers {
             w.send(Command::SetWriteback(true));
         }
