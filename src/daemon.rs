@@ -160,6 +160,11 @@ fn serve_connections(
         let device = Arc::new(Mutex::new(Device::new(shared.clone())));
         let mut handler = BackendReqHandler::from_stream(stream, device.clone());
         loop {
+            // vhost-user is one frontend per socket: while this one is connected, a second
+            // one is told no at once (closed) instead of waiting unseen in the backlog.
+            if !wait_for_message(&listener, &handler, served) {
+                break;
+            }
             match handler.handle_request() {
                 Ok(()) => {}
                 Err(VhuError::Disconnected) | Err(VhuError::PartialMessage) => {
@@ -183,6 +188,54 @@ fn serve_connections(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .disconnect();
+    }
+}
+
+/// Waits until the connection has a message (true) or is closed/failed (false), turning away
+/// any other frontend that connects meanwhile.
+fn wait_for_message<S: vhost::vhost_user::VhostUserBackendReqHandler>(
+    listener: &UnixListener,
+    handler: &BackendReqHandler<S>,
+    served: u64,
+) -> bool {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: handler.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two valid descriptors in a live local array.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return false;
+        }
+        // The frontend's own events (a message, or its hang-up) come first, so that a frontend
+        // that reconnects right after closing is not mistaken for a second one.
+        if fds[0].revents != 0 {
+            return true;
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            if let Ok((extra, _)) = listener.accept() {
+                tracing::warn!(
+                    connection = served,
+                    "a second frontend connected while one is being served; closing it (one frontend per socket)"
+                );
+                drop(extra);
+            }
+        } else if fds[1].revents != 0 {
+            // The listening socket was shut down (daemon stopping): let the message loop see it.
+            return true;
+        }
     }
 }
 
