@@ -865,40 +865,55 @@ impl Worker {
                 return;
             }
         }
-        let mut popped = 0u32;
         loop {
+            // Take a snapshot of the avail index and pop exactly what it shows. A guest that
+            // moves the index more than the queue size ahead, or whose ring cannot be read,
+            // broke the ring. (Checking after a failed pop instead would race with a guest that
+            // is legitimately adding a request right then.)
             let q = self.queues[local].as_mut().expect("caller checked");
-            if q.inflight >= size {
-                // Throttled: resumes when completions free room.
-                q.pending = true;
+            let avail = match q.queue.avail_idx(mem, Ordering::Acquire) {
+                Ok(idx) => idx.0.wrapping_sub(q.queue.next_avail()),
+                Err(_) => u16::MAX,
+            };
+            if avail == 0 {
                 return;
             }
-            let Some(chain) = q.queue.pop_descriptor_chain(mem) else {
-                break;
-            };
-            popped += 1;
-            q.inflight += 1;
-            let head = chain.head_index();
-            if let Some(t) = q.track.as_mut() {
-                t.on_fetch(head);
+            if avail > q.queue.size() {
+                q.broken = true;
+                if let Some(d) = self.log.allow() {
+                    tracing::error!(
+                        queue = q.index,
+                        avail,
+                        dropped_logs = d,
+                        "guest broke the avail ring (index too far ahead or unreadable); queue stopped until reset"
+                    );
+                }
+                return;
             }
-            self.start_request(local, head, chain, mem);
-        }
-        if popped == 0 {
-            // Woken (or polled) with an avail index ahead of us but nothing poppable: the guest
-            // broke the ring (index more than the queue size ahead, or unreadable ring).
-            let q = self.queues[local].as_mut().expect("caller checked");
-            if let Ok(idx) = q.queue.avail_idx(mem, Ordering::Acquire) {
-                if idx.0 != q.queue.next_avail() {
+            for _ in 0..avail {
+                let q = self.queues[local].as_mut().expect("caller checked");
+                if q.inflight >= size {
+                    // Throttled: resumes when completions free room.
+                    q.pending = true;
+                    return;
+                }
+                let Some(chain) = q.queue.pop_descriptor_chain(mem) else {
                     q.broken = true;
                     if let Some(d) = self.log.allow() {
                         tracing::error!(
                             queue = q.index,
                             dropped_logs = d,
-                            "guest broke the avail ring; queue stopped until reset"
+                            "avail ring unreadable; queue stopped until reset"
                         );
                     }
+                    return;
+                };
+                q.inflight += 1;
+                let head = chain.head_index();
+                if let Some(t) = q.track.as_mut() {
+                    t.on_fetch(head);
                 }
+                self.start_request(local, head, chain, mem);
             }
         }
     }
@@ -1214,11 +1229,13 @@ impl Worker {
         let Some(mem) = self.mem.clone() else {
             return;
         };
+        let mut queued = 0;
         for q in self.queues.iter_mut().flatten() {
-            if q.used_added {
-                notify_queue(&mut self.ring, &mut self.local_stats, q, &mem);
+            if q.used_added && notify_queue(&mut self.ring, &mut self.local_stats, q, &mem) {
+                queued += 1;
             }
         }
+        self.queued_sqes += queued;
     }
 }
 
@@ -1250,28 +1267,34 @@ fn zero_iovecs(mem: &Mem, iovs: &[libc::iovec]) {
     }
 }
 
-fn notify_queue(ring: &mut IoUring, stats: &mut LocalStats, q: &mut ActiveQueue, mem: &Mem) {
+/// Notifies the guest about `q`'s new used entries if EVENT_IDX says it wants that. Returns
+/// true when the notification was queued on the ring (it goes out with the next submit).
+fn notify_queue(
+    ring: &mut IoUring,
+    stats: &mut LocalStats,
+    q: &mut ActiveQueue,
+    mem: &Mem,
+) -> bool {
     q.used_added = false;
     let needed = q.queue.needs_notification(mem).unwrap_or(true);
-    if !needed {
-        return;
+    let Some(call) = q.call.as_ref().filter(|_| needed) else {
+        return false;
+    };
+    stats.notifies += 1;
+    let sqe = opcode::Write::new(
+        types::Fd(call.as_raw_fd()),
+        &ONE as *const u64 as *const u8,
+        8,
+    )
+    .build()
+    .user_data(ud(TAG_NOP, 1));
+    // SAFETY: `ONE` is static; the call file is kept open by the kernel for the request.
+    if unsafe { ring.submission().push(&sqe) }.is_ok() {
+        return true;
     }
-    if let Some(call) = q.call.as_ref() {
-        let sqe = opcode::Write::new(
-            types::Fd(call.as_raw_fd()),
-            &ONE as *const u64 as *const u8,
-            8,
-        )
-        .build()
-        .user_data(ud(TAG_NOP, 1));
-        // SAFETY: `ONE` is static; the call file is kept open by the kernel for the request.
-        let pushed = unsafe { ring.submission().push(&sqe) };
-        if pushed.is_err() {
-            // Ring full: fall back to a direct write.
-            let _ = nix_write_one(call);
-        }
-        stats.notifies += 1;
-    }
+    // Ring full: write directly.
+    let _ = nix_write_one(call);
+    false
 }
 
 fn nix_write_one(f: &File) -> std::io::Result<()> {
