@@ -1,7 +1,7 @@
 //! The I/O thread: owns its queues and its io_uring, and runs the request path.
 //!
 //! ```text
-//! kick (eventfd read through io_uring)
+//! kick (a multishot io_uring poll on the kick eventfd) or a poll of the avail ring
 //!   -> pop avail chains -> parse + validate (blk::request) -> map SG list to host iovecs
 //!   -> one readv/writev per request, the whole batch submitted with one io_uring_enter
 //!   -> reap completions on this thread -> status byte + used entry
@@ -380,7 +380,6 @@ struct Worker {
     queues: Vec<Option<ActiveQueue>>,
     queue_sizes: Vec<u16>,
     gens: Vec<u32>,
-    kick_bufs: Box<[u64]>,
     ctrl_buf: Box<u64>,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -426,7 +425,6 @@ impl Worker {
             queues: (0..nq).map(|_| None).collect(),
             queue_sizes: cfg.queue_sizes,
             gens: vec![0; nq],
-            kick_bufs: vec![0u64; nq].into_boxed_slice(),
             ctrl_buf: Box::new(0),
             slots: (0..nslots).map(|_| Slot::new()).collect(),
             free: (0..nslots as u32).rev().collect(),
@@ -504,23 +502,23 @@ impl Worker {
         self.push(sqe);
     }
 
+    fn kick_tag(q: &ActiveQueue, local: usize) -> u64 {
+        ud(TAG_KICK, (u64::from(q.gen) << 16) | local as u64)
+    }
+
+    /// Watches a queue's kick eventfd with a multishot poll: one completion per guest kick,
+    /// no re-arming and no syscall of ours per kick. The eventfd's counter is not read: a poll
+    /// does not consume it, so a stale poll can never swallow a kick meant for a newer one, and
+    /// the counter (64 bits, +1 per kick) cannot overflow in practice.
     fn arm_kick(&mut self, local: usize) {
         let Some(q) = self.queues[local].as_ref() else {
             return;
         };
-        let fd = types::Fd(q.kick.as_raw_fd());
-        let tag = ud(TAG_KICK, (u64::from(q.gen) << 16) | local as u64);
-        // Poll first, then read: works whether or not the frontend made the eventfd
-        // non-blocking, and resets its counter without a syscall of ours.
-        let poll = opcode::PollAdd::new(fd, libc::POLLIN as u32)
+        let poll = opcode::PollAdd::new(types::Fd(q.kick.as_raw_fd()), libc::POLLIN as u32)
+            .multi(true)
             .build()
-            .flags(squeue::Flags::IO_LINK)
-            .user_data(ud(TAG_NOP, 0));
-        let buf = &mut self.kick_bufs[local] as *mut u64 as *mut u8;
-        let read = opcode::Read::new(fd, buf, 8).build().user_data(tag);
-        self.ensure_room(2);
+            .user_data(Self::kick_tag(q, local));
         self.push(poll);
-        self.push(read);
     }
 
     fn run(&mut self) {
@@ -534,17 +532,7 @@ impl Worker {
             if self.shutdown && self.queues.iter().all(|q| q.is_none()) && self.inflight() == 0 {
                 break;
             }
-            if self.queued_sqes > 0 {
-                self.record_submit();
-                if let Err(e) = self.ring.submit() {
-                    if !matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
-                    ) {
-                        tracing::error!(err = %e, "io_uring submit failed");
-                    }
-                }
-            }
+            self.submit_now();
             // Poll while it pays: guest notifications stay suppressed, and completions are
             // reaped from the completion ring without a syscall.
             if self.poll_for_work() {
@@ -572,6 +560,22 @@ impl Worker {
             self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
         self.local_stats.publish(&self.stats);
+    }
+
+    /// Submits whatever is queued, now.
+    fn submit_now(&mut self) {
+        if self.queued_sqes == 0 {
+            return;
+        }
+        self.record_submit();
+        if let Err(e) = self.ring.submit() {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+            ) {
+                tracing::error!(err = %e, "io_uring submit failed");
+            }
+        }
     }
 
     fn record_submit(&mut self) {
@@ -660,7 +664,7 @@ impl Worker {
                 Some(c) => c,
                 None => return,
             };
-            let (data, res) = (cqe.user_data(), cqe.result());
+            let (data, res, flags) = (cqe.user_data(), cqe.result(), cqe.flags());
             let payload = data & PAYLOAD_MASK;
             match data >> TAG_SHIFT {
                 TAG_IO => self.complete_io(payload as u32, res),
@@ -669,18 +673,17 @@ impl Worker {
                     let gen = (payload >> 16) as u32;
                     let live = matches!(self.queues.get(local), Some(Some(q)) if q.gen == gen && q.stop_reply.is_none());
                     if live {
-                        if res < 0
-                            && res != -libc::ECANCELED
-                            && res != -libc::EINTR
-                            && res != -libc::EAGAIN
-                        {
-                            tracing::warn!(err = %std::io::Error::from_raw_os_error(-res), "kick eventfd read failed");
+                        if res < 0 && res != -libc::ECANCELED {
+                            tracing::warn!(err = %std::io::Error::from_raw_os_error(-res), "kick eventfd poll failed");
                         }
                         if let Some(Some(q)) = self.queues.get_mut(local) {
                             q.pending = true;
                         }
                         self.local_stats.kicks += 1;
-                        self.arm_kick(local);
+                        if !io_uring::cqueue::more(flags) {
+                            // The multishot poll ended (e.g. completion ring overflow): re-arm.
+                            self.arm_kick(local);
+                        }
                     }
                 }
                 TAG_CTRL => {
@@ -734,6 +737,8 @@ impl Worker {
                     }
                 },
                 Command::SetCall { local, call } => {
+                    // Queued notifications name the old descriptor: submit them first.
+                    self.submit_now();
                     if let Some(Some(q)) = self.queues.get_mut(local) {
                         q.call = call;
                     }
@@ -769,16 +774,26 @@ impl Worker {
                 // Publish what completed before stopping.
                 if q.used_added {
                     if let Some(mem) = self.mem.as_deref() {
-                        notify_queue(&mut self.ring, &mut self.local_stats, &mut q, mem);
-                        let _ = self.ring.submit();
+                        if notify_queue(&mut self.ring, &mut self.local_stats, &mut q, mem) {
+                            self.queued_sqes += 1;
+                        }
                     }
                 }
+                // Cancel the kick poll, and hand every queued entry to the kernel before the
+                // queue's descriptors are closed: entries name descriptors by number, and a
+                // number closed before submission could be reused by another thread.
+                let cancel = opcode::PollRemove::new(Self::kick_tag(&q, local))
+                    .build()
+                    .user_data(ud(TAG_NOP, 2));
+                self.push(cancel);
+                self.submit_now();
                 let next_avail = q.queue.next_avail();
-                tracing::debug!(queue = q.index, next_avail, "queue stopped");
-                if let Some(r) = q.stop_reply.take() {
+                let (index, reply) = (q.index, q.stop_reply.take());
+                drop(q);
+                tracing::debug!(queue = index, next_avail, "queue stopped");
+                if let Some(r) = reply {
                     let _ = r.send(next_avail);
                 }
-                // Any kick read still pending carries an old generation and is ignored.
             }
         }
         if self.pending_mem.is_some() && self.inflight() == 0 {

@@ -564,15 +564,54 @@ impl VhostUserBackendReqHandlerMut for Device {
         Err(VhuError::InvalidOperation("shared object"))
     }
 
-    fn get_inflight_fd(
-        &mut self,
-        _inflight: &VhostUserInflight,
-    ) -> VhuResult<(VhostUserInflight, File)> {
-        Err(VhuError::InvalidOperation("inflight fd"))
+    fn get_inflight_fd(&mut self, msg: &VhostUserInflight) -> VhuResult<(VhostUserInflight, File)> {
+        if msg.num_queues == 0
+            || msg.num_queues > self.export.cfg.queues
+            || msg.queue_size == 0
+            || msg.queue_size > self.export.cfg.queue_size
+        {
+            tracing::warn!(
+                num_queues = msg.num_queues,
+                queue_size = msg.queue_size,
+                "GET_INFLIGHT_FD with an invalid queue count or size"
+            );
+            return Err(einval());
+        }
+        let (region, file) = InflightRegion::create(msg.num_queues, msg.queue_size)
+            .map_err(VhuError::ReqHandlerError)?;
+        let size = inflight::queue_region_size(msg.queue_size) as u64 * u64::from(msg.num_queues);
+        self.inflight = Some(Arc::new(region));
+        Ok((
+            VhostUserInflight::new(size, 0, msg.num_queues, msg.queue_size),
+            file,
+        ))
     }
 
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VhuResult<()> {
-        Err(VhuError::InvalidOperation("inflight fd"))
+    fn set_inflight_fd(&mut self, msg: &VhostUserInflight, file: File) -> VhuResult<()> {
+        if msg.num_queues == 0
+            || msg.num_queues > self.export.cfg.queues
+            || msg.queue_size > self.export.cfg.queue_size
+        {
+            tracing::warn!(
+                num_queues = msg.num_queues,
+                queue_size = msg.queue_size,
+                "SET_INFLIGHT_FD with an invalid queue count or size"
+            );
+            return Err(einval());
+        }
+        let region = InflightRegion::map(
+            file,
+            msg.mmap_offset,
+            msg.mmap_size,
+            msg.num_queues,
+            msg.queue_size,
+        )
+        .map_err(|e| {
+            tracing::warn!(err = %e, "SET_INFLIGHT_FD region refused");
+            VhuError::ReqHandlerError(e)
+        })?;
+        self.inflight = Some(Arc::new(region));
+        Ok(())
     }
 
     fn get_max_mem_slots(&mut self) -> VhuResult<u64> {
