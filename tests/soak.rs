@@ -2,7 +2,8 @@
 //! checking zero errors, zero mismatches, and flat descriptor and memory counts.
 //!
 //! CI runs a short soak (`MQBLK_SOAK_SECS`, default 12 s). The long soak is
-//! `MQBLK_SOAK_SECS=300 cargo test --release --test soak -- --nocapture`.
+//! `MQBLK_SOAK_SECS=300 MQBLK_TEST_WATCHDOG_SECS=400 cargo test --release --test soak -- --nocapture`
+//! (the test daemon's watchdog must outlast the soak).
 mod common;
 
 use std::time::{Duration, Instant};

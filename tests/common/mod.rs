@@ -28,6 +28,16 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// makes blocked client calls fail instead of hanging the test run.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
 
+/// The watchdog for this test process: `MQBLK_TEST_WATCHDOG_SECS` or [`WATCHDOG`]. Long
+/// soaks raise it; without it a daemon would be killed under a soak longer than a minute.
+pub fn watchdog() -> Duration {
+    std::env::var("MQBLK_TEST_WATCHDOG_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(WATCHDOG)
+}
+
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
 
@@ -339,9 +349,10 @@ impl Daemon {
         let pid = child.id() as libc::pid_t;
 
         let (tx, rx) = mpsc::channel::<()>();
+        let limit = watchdog();
         let watchdog = std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(WATCHDOG) {
-                eprintln!("watchdog: daemon {pid} still running after {WATCHDOG:?}, killing it");
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!("watchdog: daemon {pid} still running after {limit:?}, killing it");
                 // SAFETY: plain syscall; the pid is still our unreaped child (the watchdog is
                 // stopped before the child is waited for).
                 unsafe { libc::kill(pid, libc::SIGKILL) };
