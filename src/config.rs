@@ -343,7 +343,7 @@ impl RawExport {
         let threads = match self.threads.as_ref().map(value_str).as_deref() {
             None | Some("per-queue") => Threads::PerQueue,
             Some(s) => match s.parse::<u16>() {
-                Ok(n) if n >= 1 && n <= MAX_QUEUES => Threads::Count(n),
+                Ok(n) if (1..=MAX_QUEUES).contains(&n) => Threads::Count(n),
                 _ => {
                     return Err(ConfigError::Invalid {
                         key: "threads",

@@ -143,7 +143,7 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
         w.jobs = opts.jobs;
         w.iodepth = opts.iodepth;
         w.block_size = 4096;
-        w.seed = 0x6d71_626c_6b;
+        w.seed = 0x006d_7162_6c6b;
 
         println!("step 1: write a seeded pattern over the whole disk and read it back (4k, {} jobs x iodepth {})", w.jobs, w.iodepth);
         w.pattern = Pattern::Verify;

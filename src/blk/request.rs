@@ -349,7 +349,7 @@ where
             if is_write && limits.readonly {
                 return Err(reject(Reason::ReadOnly, st, Status::IoErr));
             }
-            if data_len % SECTOR_SIZE != 0 {
+            if !data_len.is_multiple_of(SECTOR_SIZE) {
                 return Err(reject(Reason::UnalignedLength, st, Status::IoErr));
             }
             check_range(sector, data_len)?;
@@ -368,7 +368,7 @@ where
             if any_write {
                 return Err(reject(Reason::WrongDirection, st, Status::IoErr));
             }
-            if data_len == 0 || data_len % DWZ_SEG_LEN as u64 != 0 {
+            if data_len == 0 || !data_len.is_multiple_of(DWZ_SEG_LEN as u64) {
                 return Err(reject(Reason::BadDwzPayload, st, Status::IoErr));
             }
             if data_len > DWZ_SEG_LEN as u64 {

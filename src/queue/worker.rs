@@ -599,7 +599,7 @@ impl Worker {
                 return true;
             }
             spins += 1;
-            if spins % 16 == 0 && start.elapsed().as_nanos() as u64 >= window {
+            if spins.is_multiple_of(16) && start.elapsed().as_nanos() as u64 >= window {
                 self.local_stats.poll_misses += 1;
                 return false;
             }
@@ -840,7 +840,7 @@ impl Worker {
                     continue;
                 }
                 spins += 1;
-                if spins % 16 == 0 && start.elapsed().as_nanos() as u64 >= wait {
+                if spins.is_multiple_of(16) && start.elapsed().as_nanos() as u64 >= wait {
                     break;
                 }
                 std::hint::spin_loop();
