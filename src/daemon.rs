@@ -225,6 +225,18 @@ fn wait_for_message<S: vhost::vhost_user::VhostUserBackendReqHandler>(
             return true;
         }
         if fds[1].revents & libc::POLLIN != 0 {
+            // A frontend reconnecting right after closing may reach us before its old
+            // connection's hang-up does (e.g. a copy of the old socket lived on briefly in a
+            // forked child): give the current connection a moment to hang up first.
+            let mut cur = [libc::pollfd {
+                fd: handler.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: poll on one valid descriptor in a live local array.
+            if unsafe { libc::poll(cur.as_mut_ptr(), 1, 500) } > 0 {
+                return true;
+            }
             if let Ok((extra, _)) = listener.accept() {
                 tracing::warn!(
                     connection = served,

@@ -348,6 +348,19 @@ impl Device {
             return Err(einval());
         }
         let size = usize::try_from(region.memory_size).map_err(|_| einval())?;
+        // A mapping past the end of its file would SIGBUS the I/O thread that touches it (and
+        // with it the whole daemon): the region must lie within the file.
+        let file_len = file.metadata().map_err(VhuError::ReqHandlerError)?.len();
+        let end = region.mmap_offset.checked_add(region.memory_size);
+        if end.is_none_or(|end| end > file_len) {
+            tracing::warn!(
+                size = { region.memory_size },
+                offset = { region.mmap_offset },
+                file_len,
+                "memory region extends past the end of its file; refused"
+            );
+            return Err(einval());
+        }
         let mmap = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
             .map_err(|e| VhuError::ReqHandlerError(std::io::Error::other(e.to_string())))?;
         GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr)).ok_or_else(einval)
@@ -439,6 +452,18 @@ impl VhostUserBackendReqHandlerMut for Device {
         let desc = self.vmm_to_gpa(descriptor)?;
         let used = self.vmm_to_gpa(used)?;
         let avail = self.vmm_to_gpa(available)?;
+        // VIRTIO 2.7: descriptor table 16-byte, avail ring 2-byte, used ring 4-byte aligned.
+        // (The frontend's addresses may be aligned while the guest-physical ones are not.)
+        if desc % 16 != 0 || avail % 2 != 0 || used % 4 != 0 {
+            tracing::warn!(
+                index,
+                desc,
+                avail,
+                used,
+                "misaligned ring addresses; refused"
+            );
+            return Err(einval());
+        }
         let v = self.vring(index)?;
         v.desc = desc;
         v.used = used;
