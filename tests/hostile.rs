@@ -1,0 +1,2246 @@
+//! A hostile frontend against the real daemon.
+//!
+//! The frontend here speaks vhost-user itself, byte by byte over the unix socket (SCM_RIGHTS for
+//! the memfd and eventfds), so that it can send what no well-behaved library would: garbage,
+//! out-of-range indices, sizes and addresses. It shares a memfd as guest memory (two regions
+//! with a hole between them), writes the descriptor table, avail ring and requests by hand,
+//! kicks, and reads the used ring. Guest memory is filled with a canary first and a shadow copy
+//! is kept, so after every request the test checks that the daemon wrote exactly what it should
+//! (the status byte, the read data, the used ring) and nothing else.
+//!
+//! Each bad input must get its exact answer, and the queue (or, for protocol errors, the next
+//! connection) must keep working; a second export in the same daemon is driven by a libblkio
+//! client for the whole test and must see no error.
+mod common;
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::*;
+use mqblk::client::{check_pattern, fill_pattern, Client, ConnectOptions};
+use vmm_sys_util::eventfd::EventFd;
+
+// ---------------------------------------------------------------------------------------------
+// vhost-user, by hand
+// ---------------------------------------------------------------------------------------------
+
+const GET_FEATURES: u32 = 1;
+const SET_FEATURES: u32 = 2;
+const SET_OWNER: u32 = 3;
+const SET_MEM_TABLE: u32 = 5;
+const SET_VRING_NUM: u32 = 8;
+const SET_VRING_ADDR: u32 = 9;
+const SET_VRING_BASE: u32 = 10;
+const GET_VRING_BASE: u32 = 11;
+const SET_VRING_KICK: u32 = 12;
+const SET_VRING_CALL: u32 = 13;
+const GET_PROTOCOL_FEATURES: u32 = 15;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const GET_QUEUE_NUM: u32 = 17;
+const SET_VRING_ENABLE: u32 = 18;
+const GET_CONFIG: u32 = 24;
+const GET_INFLIGHT_FD: u32 = 31;
+const SET_INFLIGHT_FD: u32 = 32;
+
+const HDR_VERSION: u32 = 0x1;
+const HDR_REPLY: u32 = 0x4;
+const HDR_NEED_REPLY: u32 = 0x8;
+/// vhost-user's largest message body (the vhost crate's MAX_MSG_SIZE).
+const MAX_MSG_SIZE: u32 = 0x1000;
+
+const F_INDIRECT_DESC: u64 = 1 << 28;
+const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const F_VERSION_1: u64 = 1 << 32;
+const F_BLK_RO: u64 = 1 << 5;
+const P_MQ: u64 = 1 << 0;
+const P_REPLY_ACK: u64 = 1 << 3;
+const P_CONFIG: u64 = 1 << 9;
+const P_INFLIGHT_SHMFD: u64 = 1 << 12;
+
+const VRING_F_NEXT: u16 = 1;
+const VRING_F_WRITE: u16 = 2;
+const VRING_F_INDIRECT: u16 = 4;
+
+const T_IN: u32 = 0;
+const T_OUT: u32 = 1;
+const T_FLUSH: u32 = 4;
+const T_GET_ID: u32 = 8;
+const T_DISCARD: u32 = 11;
+const T_WRITE_ZEROES: u32 = 13;
+
+const S_OK: u8 = 0;
+const S_IOERR: u8 = 1;
+const S_UNSUPP: u8 = 2;
+
+/// How long an answer may take.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to watch for an answer that must not come.
+const SILENCE: Duration = Duration::from_millis(300);
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn u64s(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One frontend connection.
+struct Conn {
+    sock: UnixStream,
+}
+
+impl Conn {
+    fn connect(path: &Path) -> Conn {
+        let sock = UnixStream::connect(path).expect("connecting to the export");
+        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        Conn { sock }
+    }
+
+    /// Sends raw bytes, with file descriptors attached to the first byte.
+    fn send_raw(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: a msghdr pointing at live locals (iov, cmsg buffer) for the duration of
+        // sendmsg; the control buffer is sized with CMSG_SPACE for `fds`.
+        unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            let fd_bytes = std::mem::size_of_val(fds) as u32;
+            let mut cbuf = vec![0u8; libc::CMSG_SPACE(fd_bytes) as usize];
+            if !fds.is_empty() {
+                msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+                msg.msg_controllen = cbuf.len();
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr() as *const u8,
+                    libc::CMSG_DATA(c),
+                    fd_bytes as usize,
+                );
+            }
+            let n = libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n as usize != bytes.len() {
+                return Err(io::Error::other("short sendmsg"));
+            }
+        }
+        Ok(())
+    }
+
+    fn send(&self, code: u32, flags: u32, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let mut m = u32s(&[code, HDR_VERSION | flags, body.len() as u32]);
+        m.extend_from_slice(body);
+        self.send_raw(&m, fds)
+    }
+
+    /// Reads one reply: (code, flags, body).
+    fn recv(&self) -> io::Result<(u32, u32, Vec<u8>)> {
+        let mut s = &self.sock;
+        let mut h = [0u8; 12];
+        s.read_exact(&mut h)?;
+        let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
+        let (code, flags, size) = (w(0), w(4), w(8));
+        if size > MAX_MSG_SIZE {
+            return Err(io::Error::other(format!("reply size {size}")));
+        }
+        let mut body = vec![0u8; size as usize];
+        s.read_exact(&mut body)?;
+        assert!(flags & HDR_REPLY != 0, "reply without the REPLY flag");
+        Ok((code, flags, body))
+    }
+
+    /// A request that has a reply body (GET_*).
+    fn get(&self, code: u32, body: &[u8]) -> Result<Vec<u8>, String> {
+        self.send(code, 0, body, &[])
+            .map_err(|e| format!("send: {e}"))?;
+        let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
+        assert_eq!(c, code, "reply to another request");
+        Ok(b)
+    }
+
+    fn get_u64(&self, code: u32) -> Result<u64, String> {
+        let b = self.get(code, &[])?;
+        Ok(u64::from_le_bytes(b[..8].try_into().unwrap()))
+    }
+
+    /// A request answered with REPLY_ACK: Ok, or Err("NACK")/Err("closed: ...").
+    fn set(&self, code: u32, body: &[u8], fds: &[RawFd]) -> Result<(), String> {
+        self.send(code, HDR_NEED_REPLY, body, fds)
+            .map_err(|e| format!("closed: send: {e}"))?;
+        let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
+        assert_eq!(c, code, "ack for another request");
+        match u64::from_le_bytes(b[..8].try_into().unwrap()) {
+            0 => Ok(()),
+            v => Err(format!("NACK ({v})")),
+        }
+    }
+
+    /// A request sent without asking for an ack.
+    fn set_noack(&self, code: u32, body: &[u8]) {
+        self.send(code, 0, body, &[]).expect("send");
+    }
+
+    /// Whether the daemon closes the connection within `within`.
+    fn closed_by_peer(&self, within: Duration) -> bool {
+        self.sock.set_read_timeout(Some(within)).unwrap();
+        let mut b = [0u8; 64];
+        let r = (&self.sock).read(&mut b);
+        self.sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        match r {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Guest memory: a memfd, two regions with a hole, a canary and a shadow copy
+// ---------------------------------------------------------------------------------------------
+
+const MIB_U: usize = 1 << 20;
+/// Region A: GPA 0 .. 1 MiB (file offset 0). Region B: GPA 2 MiB .. 3 MiB (file offset 1 MiB).
+const REGION_B_GPA: u64 = 0x20_0000;
+/// A guest-physical address in the hole between the regions.
+const HOLE: u64 = 0x15_0000;
+const CANARY: u8 = 0xa5;
+
+struct Guest {
+    fd: File,
+    base: *mut u8,
+    len: usize,
+    /// (gpa, size, file offset)
+    regions: Vec<(u64, u64, u64)>,
+    shadow: Vec<u8>,
+}
+
+impl Guest {
+    fn new() -> Guest {
+        let len = 2 * MIB_U;
+        // SAFETY: plain syscalls; the mapping is owned by the Guest and unmapped in Drop.
+        let (fd, base) = unsafe {
+            let fd = libc::memfd_create(c"hostile-guest".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0, "memfd_create");
+            assert_eq!(libc::ftruncate(fd, len as i64), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (File::from_raw_fd(fd), p as *mut u8)
+        };
+        let mut g = Guest {
+            fd,
+            base,
+            len,
+            regions: vec![
+                (0, MIB_U as u64, 0),
+                (REGION_B_GPA, MIB_U as u64, MIB_U as u64),
+            ],
+            shadow: vec![CANARY; len],
+        };
+        g.mem().fill(CANARY);
+        g
+    }
+
+    fn mem(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is live and `len` long. The daemon writes to it concurrently only
+        // while a request is in flight; the test reads it after the answer.
+        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    }
+
+    fn off(&self, gpa: u64, len: usize) -> usize {
+        for &(g, s, o) in &self.regions {
+            if gpa >= g && gpa + len as u64 <= g + s {
+                return (o + gpa - g) as usize;
+            }
+        }
+        panic!("test bug: {gpa:#x}+{len} is not in guest memory");
+    }
+
+    /// The frontend's own address of a guest-physical address (what SET_VRING_ADDR carries).
+    fn user_addr(&self, gpa: u64) -> u64 {
+        self.base as u64 + self.off(gpa, 1) as u64
+    }
+
+    /// Writes guest memory (and the shadow).
+    fn write(&mut self, gpa: u64, data: &[u8]) {
+        let o = self.off(gpa, data.len());
+        self.mem()[o..o + data.len()].copy_from_slice(data);
+        self.shadow[o..o + data.len()].copy_from_slice(data);
+    }
+
+    fn read(&mut self, gpa: u64, len: usize) -> Vec<u8> {
+        let o = self.off(gpa, len);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut v = vec![0u8; len];
+        // SAFETY: in bounds (checked by off). The daemon writes this memory only while a
+        // request is in flight; callers read it after the answer (the fence above orders it).
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(o), v.as_mut_ptr(), len) };
+        v
+    }
+
+    fn read_u16(&mut self, gpa: u64) -> u16 {
+        let o = self.off(gpa, 2);
+        // SAFETY: in bounds and 2-aligned (ring fields); volatile: the daemon updates it.
+        let v = unsafe { std::ptr::read_volatile(self.base.add(o) as *const u16) };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        u16::from_le(v)
+    }
+
+    /// Records that the daemon is expected to have written `data` at `gpa`.
+    fn expect(&mut self, gpa: u64, data: &[u8]) {
+        let o = self.off(gpa, data.len());
+        self.shadow[o..o + data.len()].copy_from_slice(data);
+    }
+
+    /// The first difference between guest memory and the shadow outside `skip` (gpa ranges).
+    fn diff(&mut self, skip: &[(u64, usize)]) -> Option<String> {
+        let skip: Vec<(usize, usize)> = skip.iter().map(|&(g, l)| (self.off(g, l), l)).collect();
+        let mem = self.read_all();
+        // Compare page by page (a memcmp), and byte by byte only where a page differs.
+        for (p, (a, b)) in mem.chunks(4096).zip(self.shadow.chunks(4096)).enumerate() {
+            if a == b {
+                continue;
+            }
+            for (k, (x, y)) in a.iter().zip(b).enumerate() {
+                let i = p * 4096 + k;
+                if x != y && !skip.iter().any(|&(o, l)| i >= o && i < o + l) {
+                    let (g, _, o) = self
+                        .regions
+                        .iter()
+                        .copied()
+                        .find(|&(_, s, o)| i as u64 >= o && (i as u64) < o + s)
+                        .unwrap();
+                    return Some(format!(
+                        "guest memory changed at GPA {:#x}: {x:#04x}, expected {y:#04x}",
+                        g + i as u64 - o
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// A copy of the whole memfd.
+    fn read_all(&mut self) -> Vec<u8> {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let mut v = vec![0u8; self.len];
+        // SAFETY: the whole live mapping; see `read`.
+        unsafe { std::ptr::copy_nonoverlapping(self.base, v.as_mut_ptr(), self.len) };
+        v
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in new().
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A session: a configured device with hand-written rings
+// ---------------------------------------------------------------------------------------------
+
+/// Where things live in guest memory (region A unless said otherwise).
+const HDR_GPA: u64 = 0x1_0000;
+const STATUS_GPA: u64 = 0x8000;
+const DATA_GPA: u64 = 0x2_0000;
+const INDIRECT_GPA: u64 = 0x6_0000;
+const INDIRECT2_GPA: u64 = 0x7_0000;
+
+fn ring_gpas(q: u32) -> (u64, u64, u64) {
+    let b = 0x1000 + u64::from(q) * 0x3000;
+    (b, b + 0x1000, b + 0x2000)
+}
+
+struct Ring {
+    #[allow(dead_code)]
+    index: u32,
+    size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    avail_idx: u16,
+    used_idx: u16,
+    kick: EventFd,
+    _call: EventFd,
+}
+
+impl Ring {
+    fn used_area(&self) -> (u64, usize) {
+        (self.used, 6 + 8 * self.size as usize)
+    }
+}
+
+/// A descriptor as the test writes it.
+#[derive(Clone, Copy, Debug)]
+struct D {
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+fn d(addr: u64, len: u32, flags: u16, next: u16) -> D {
+    D {
+        addr,
+        len,
+        flags,
+        next,
+    }
+}
+
+fn desc_bytes(ds: &[D]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 * ds.len());
+    for x in ds {
+        v.extend_from_slice(&x.addr.to_le_bytes());
+        v.extend_from_slice(&x.len.to_le_bytes());
+        v.extend_from_slice(&x.flags.to_le_bytes());
+        v.extend_from_slice(&x.next.to_le_bytes());
+    }
+    v
+}
+
+fn header(t: u32, sector: u64) -> Vec<u8> {
+    let mut h = u32s(&[t, 0]);
+    h.extend_from_slice(&sector.to_le_bytes());
+    h
+}
+
+fn dwz_segment(sector: u64, num: u32, flags: u32) -> Vec<u8> {
+    let mut s = sector.to_le_bytes().to_vec();
+    s.extend_from_slice(&u32s(&[num, flags]));
+    s
+}
+
+struct Session {
+    /// Kept open for the session's lifetime; dropping it disconnects.
+    #[allow(dead_code)]
+    conn: Conn,
+    guest: Guest,
+    rings: Vec<Ring>,
+    /// The export's image and its seed, to check reads.
+    image_seed: Option<u64>,
+}
+
+/// The answer to one request.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// A used entry: (head, len).
+    Used(u32, u32),
+    /// No used entry within the time the test watched.
+    Nothing,
+}
+
+impl Session {
+    /// Connects and negotiates; stops before SET_MEM_TABLE.
+    fn negotiate(path: &Path) -> Result<(Conn, u64), String> {
+        Self::negotiate_with(path, 0)
+    }
+
+    /// [`Session::negotiate`], acking the protocol features `extra` as well.
+    fn negotiate_with(path: &Path, extra: u64) -> Result<(Conn, u64), String> {
+        // The daemon serves one frontend per socket and closes a second one at once. The
+        // previous session's close can reach it late (another test thread forking a process
+        // holds a copy of the socket until its exec), so retry a refused connection briefly.
+        let deadline = Instant::now() + RECONNECT_GRACE;
+        let (conn, offered) = loop {
+            let conn = Conn::connect(path);
+            match conn.get_u64(GET_FEATURES) {
+                Ok(f) => break (conn, f),
+                Err(e) if e.starts_with("closed") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let pf = conn.get_u64(GET_PROTOCOL_FEATURES)?;
+        assert!(pf & P_REPLY_ACK != 0, "REPLY_ACK not offered");
+        assert!(
+            pf & extra == extra,
+            "protocol features {extra:#x} not offered ({pf:#x})"
+        );
+        conn.set_noack(
+            SET_PROTOCOL_FEATURES,
+            &u64s(&[P_MQ | P_REPLY_ACK | P_CONFIG | extra]),
+        );
+        conn.set(SET_OWNER, &[], &[])?;
+        let want = F_VERSION_1 | F_PROTOCOL_FEATURES | F_INDIRECT_DESC | (offered & F_BLK_RO);
+        conn.set(SET_FEATURES, &u64s(&[want]), &[])?;
+        Ok((conn, offered))
+    }
+
+    fn set_mem_table(conn: &Conn, guest: &Guest) -> Result<(), String> {
+        let mut body = u32s(&[guest.regions.len() as u32, 0]);
+        let mut fds = Vec::new();
+        for &(gpa, size, off) in &guest.regions {
+            body.extend_from_slice(&u64s(&[gpa, size, guest.base as u64 + off, off]));
+            fds.push(guest.fd.as_raw_fd());
+        }
+        conn.set(SET_MEM_TABLE, &body, &fds)
+    }
+
+    fn setup_ring(conn: &Conn, guest: &mut Guest, q: u32, size: u16) -> Result<Ring, String> {
+        let (desc, avail, used) = ring_gpas(q);
+        guest.write(desc, &vec![0u8; 16 * size as usize]);
+        guest.write(avail, &vec![0u8; 6 + 2 * size as usize]);
+        guest.write(used, &vec![0u8; 6 + 8 * size as usize]);
+        conn.set(SET_VRING_NUM, &u32s(&[q, u32::from(size)]), &[])?;
+        conn.set(SET_VRING_BASE, &u32s(&[q, 0]), &[])?;
+        let mut body = u32s(&[q, 0]);
+        body.extend_from_slice(&u64s(&[
+            guest.user_addr(desc),
+            guest.user_addr(used),
+            guest.user_addr(avail),
+            0,
+        ]));
+        conn.set(SET_VRING_ADDR, &body, &[])?;
+        let kick = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
+        conn.set(SET_VRING_CALL, &u64s(&[u64::from(q)]), &[call.as_raw_fd()])?;
+        conn.set(SET_VRING_KICK, &u64s(&[u64::from(q)]), &[kick.as_raw_fd()])?;
+        conn.set(SET_VRING_ENABLE, &u32s(&[q, 1]), &[])?;
+        Ok(Ring {
+            index: q,
+            size,
+            desc,
+            avail,
+            used,
+            avail_idx: 0,
+            used_idx: 0,
+            kick,
+            _call: call,
+        })
+    }
+
+    /// A fully set up session with one ring of `size` on queue 0.
+    fn open(path: &Path, size: u16, image_seed: Option<u64>) -> Session {
+        let (conn, _) = Self::negotiate(path).expect("negotiation");
+        let mut guest = Guest::new();
+        Self::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
+        let ring = Self::setup_ring(&conn, &mut guest, 0, size).expect("vring setup");
+        Session {
+            conn,
+            guest,
+            rings: vec![ring],
+            image_seed,
+        }
+    }
+
+    /// Writes descriptors into the table starting at index `first`.
+    fn write_descs(&mut self, q: usize, first: u16, ds: &[D]) {
+        let at = self.rings[q].desc + 16 * u64::from(first);
+        self.guest.write(at, &desc_bytes(ds));
+    }
+
+    /// Puts `head` on the avail ring with an idx `extra` further than it should be, and kicks.
+    fn post_raw(&mut self, q: usize, head: u16, extra: u16) {
+        let r = &self.rings[q];
+        let slot = r.avail + 4 + 2 * u64::from(r.avail_idx % r.size);
+        let (avail, new_idx) = (r.avail, r.avail_idx.wrapping_add(1).wrapping_add(extra));
+        self.guest.write(slot, &head.to_le_bytes());
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.guest.write(avail + 2, &new_idx.to_le_bytes());
+        let r = &mut self.rings[q];
+        r.avail_idx = new_idx;
+        r.kick.write(1).unwrap();
+    }
+
+    /// Waits for the next used entry (or watches `SILENCE` for one that must not come).
+    fn wait_used(&mut self, q: usize, timeout: Duration) -> Answer {
+        let deadline = Instant::now() + timeout;
+        let (used, size, seen) = {
+            let r = &self.rings[q];
+            (r.used, r.size, r.used_idx)
+        };
+        loop {
+            let idx = self.guest.read_u16(used + 2);
+            if idx != seen {
+                let e = self.guest.read(used + 4 + 8 * u64::from(seen % size), 8);
+                self.rings[q].used_idx = seen.wrapping_add(1);
+                return Answer::Used(
+                    u32::from_le_bytes(e[0..4].try_into().unwrap()),
+                    u32::from_le_bytes(e[4..8].try_into().unwrap()),
+                );
+            }
+            if Instant::now() > deadline {
+                return Answer::Nothing;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Posts the chain `ds` (at descriptor 0) and returns the answer.
+    fn submit(&mut self, q: usize, ds: &[D]) -> Answer {
+        self.write_descs(q, 0, ds);
+        self.post_raw(q, 0, 0);
+        self.wait_used(q, ANSWER_TIMEOUT)
+    }
+
+    /// Checks guest memory against the shadow, ignoring the used rings.
+    fn check_memory(&mut self) -> Result<(), String> {
+        let skip: Vec<(u64, usize)> = self.rings.iter().map(|r| r.used_area()).collect();
+        match self.guest.diff(&skip) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// A good read of 4 KiB at sector 8 into DATA_GPA: must complete OK with the image's data.
+    fn good_read(&mut self, q: usize) -> Result<(), String> {
+        self.guest.write(HDR_GPA, &header(T_IN, 8));
+        self.guest.write(STATUS_GPA, &[0xee]);
+        self.guest.write(DATA_GPA, &[CANARY; 4096]);
+        let a = self.submit(
+            q,
+            &[
+                d(HDR_GPA, 16, VRING_F_NEXT, 1),
+                d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
+                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+            ],
+        );
+        if a != Answer::Used(0, 4097) {
+            return Err(format!("good read answered {a:?}, expected Used(0, 4097)"));
+        }
+        let st = self.guest.read(STATUS_GPA, 1)[0];
+        if st != S_OK {
+            return Err(format!("good read status {st}"));
+        }
+        let data = self.guest.read(DATA_GPA, 4096);
+        if let Some(seed) = self.image_seed {
+            if let Some(o) = check_pattern(&data, 4096, seed) {
+                return Err(format!("good read: wrong data at byte offset {o}"));
+            }
+        }
+        self.guest.expect(DATA_GPA, &data);
+        self.guest.expect(STATUS_GPA, &[S_OK]);
+        self.check_memory()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A second export, served throughout
+// ---------------------------------------------------------------------------------------------
+
+/// A libblkio client writing and verifying data on another export until stopped.
+struct Bystander {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<(u64, Vec<String>)>>,
+}
+
+impl Bystander {
+    fn start(socket: PathBuf, size: u64) -> Bystander {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut errors = Vec::new();
+            let mut c = match Client::connect(&socket, 1) {
+                Ok(c) => c,
+                Err(e) => return (0, vec![format!("connect: {e:#}")]),
+            };
+            let mut ops = 0u64;
+            let mut buf = vec![0u8; 4096];
+            let mut i = 0u64;
+            while !s2.load(Ordering::Relaxed) && errors.len() < 5 {
+                let off = (i * 4096 * 7) % size;
+                fill_pattern(&mut buf, off, 0xb0b0 + i);
+                if let Err(e) = c.write(0, off, &buf) {
+                    errors.push(format!("write at {off}: {e}"));
+                }
+                match c.read_vec(0, off, 4096) {
+                    Ok(v) if v == buf => {}
+                    Ok(_) => errors.push(format!("read at {off}: wrong data")),
+                    Err(e) => errors.push(format!("read at {off}: {e}")),
+                }
+                ops += 2;
+                i += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            (ops, errors)
+        });
+        Bystander {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops it and asserts that every request succeeded; returns the request count.
+    fn finish(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        let (ops, errors) = self
+            .thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("bystander panicked");
+        assert!(errors.is_empty(), "the other export failed: {errors:?}");
+        assert!(ops > 0, "the other export served nothing");
+        ops
+    }
+}
+
+impl Drop for Bystander {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn assert_alive(daemon: &mut Daemon, after: &str) {
+    if let Some(st) = daemon.has_exited() {
+        panic!(
+            "daemon died after {after}: {st}\n--- daemon log ---\n{}",
+            daemon.log()
+        );
+    }
+}
+
+/// A fresh libblkio client can connect to `socket` and read.
+fn fresh_client_works(socket: &Path) -> Result<(), String> {
+    // The hostile export's queue-size is 64; libblkio asks for 256 unless told.
+    let mut opts = ConnectOptions::new(1);
+    opts.queue_size = Some(64);
+    let mut c = connect_retry(socket, &opts)?;
+    c.set_timeout(ANSWER_TIMEOUT);
+    c.read_vec(0, 0, 4096)
+        .map(|_| ())
+        .map_err(|e| format!("read: {e}"))
+}
+
+/// How long a reconnect may be refused because the daemon has not yet seen the previous
+/// frontend's close (see [`connect_retry`]).
+const RECONNECT_GRACE: Duration = Duration::from_secs(2);
+
+/// Connects a libblkio client, retrying for up to [`RECONNECT_GRACE`] while the daemon refuses
+/// it as a second frontend: a previous frontend's close can reach the daemon late when another
+/// test thread forks a process that holds a copy of that socket until its exec.
+fn connect_retry(socket: &Path, opts: &ConnectOptions) -> Result<Client, String> {
+    let deadline = Instant::now() + RECONNECT_GRACE;
+    loop {
+        match Client::connect_with(socket, opts) {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("connect: {e:#}")),
+        }
+    }
+}
+
+const IMG_SIZE: u64 = 8 * MIB;
+const IMG_SEED: u64 = 0x5eed;
+
+/// The daemon of these tests: `hostile` (writable, 2 queues of up to 64), `ro` (read-only) and
+/// `bystander` (served to a libblkio client throughout).
+fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf, PathBuf, PathBuf) {
+    let img = dir.image("hostile.img", IMG_SIZE, Some(IMG_SEED));
+    let ro_img = dir.image("ro.img", IMG_SIZE, Some(IMG_SEED));
+    let by_img = dir.image("bystander.img", IMG_SIZE, None);
+    let (a, b, c) = (
+        dir.join("hostile.sock"),
+        dir.join("ro.sock"),
+        dir.join("bystander.sock"),
+    );
+    let daemon = Daemon::start(
+        dir,
+        &[
+            Export::file(&a, &img).queues(2).set("queue-size", "64"),
+            Export::file(&b, &ro_img).readonly(),
+            Export::file(&c, &by_img),
+        ],
+    );
+    (daemon, a, b, c, img)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile chains
+// ---------------------------------------------------------------------------------------------
+
+/// What a bad chain must get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// Returned with used len 0, nothing written.
+    Dropped,
+    /// This status byte at STATUS_GPA, used len 1.
+    Status(u8),
+}
+
+struct Case {
+    name: &'static str,
+    /// Extra guest memory to write first: (gpa, bytes).
+    setup: Vec<(u64, Vec<u8>)>,
+    chain: Vec<D>,
+    expect: Expect,
+}
+
+fn hdr_desc() -> D {
+    d(HDR_GPA, 16, VRING_F_NEXT, 1)
+}
+
+fn status_desc() -> D {
+    d(STATUS_GPA, 1, VRING_F_WRITE, 0)
+}
+
+fn cases() -> Vec<Case> {
+    let n = VRING_F_NEXT;
+    let w = VRING_F_WRITE;
+    let read_hdr = (HDR_GPA, header(T_IN, 8));
+    let mut v = vec![
+        Case {
+            name: "descriptor loop (0 -> 1 -> 2 -> 0)",
+            setup: vec![read_hdr.clone()],
+            chain: vec![
+                hdr_desc(),
+                d(DATA_GPA, 512, w | n, 2),
+                d(STATUS_GPA, 1, w | n, 0),
+            ],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "descriptor points at itself",
+            setup: vec![read_hdr.clone()],
+            chain: vec![d(HDR_GPA, 16, n, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "next index past the queue size",
+            setup: vec![read_hdr.clone()],
+            chain: vec![d(HDR_GPA, 16, n, 60_000)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "indirect table outside guest memory (in the hole)",
+            setup: vec![],
+            chain: vec![d(HOLE, 48, VRING_F_INDIRECT, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "indirect table past the end of guest memory",
+            setup: vec![],
+            chain: vec![d(0xffff_ffff_ffff_fff0, 48, VRING_F_INDIRECT, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "indirect table length not a multiple of 16",
+            setup: vec![],
+            chain: vec![d(INDIRECT_GPA, 40, VRING_F_INDIRECT, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "nested indirect table",
+            setup: vec![
+                read_hdr.clone(),
+                (
+                    INDIRECT_GPA,
+                    desc_bytes(&[
+                        d(HDR_GPA, 16, n, 1),
+                        d(INDIRECT2_GPA, 32, VRING_F_INDIRECT | n, 2),
+                        d(STATUS_GPA, 1, w, 0),
+                    ]),
+                ),
+                (
+                    INDIRECT2_GPA,
+                    desc_bytes(&[d(DATA_GPA, 512, w | n, 1), d(STATUS_GPA, 1, w, 0)]),
+                ),
+            ],
+            chain: vec![d(INDIRECT_GPA, 48, VRING_F_INDIRECT, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "indirect table with a loop",
+            setup: vec![
+                read_hdr.clone(),
+                (
+                    INDIRECT_GPA,
+                    desc_bytes(&[d(HDR_GPA, 16, n, 1), d(DATA_GPA, 512, w | n, 0)]),
+                ),
+            ],
+            chain: vec![d(INDIRECT_GPA, 32, VRING_F_INDIRECT, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "chain longer than the queue size and seg_max (70-entry indirect table)",
+            setup: vec![
+                read_hdr.clone(),
+                (INDIRECT_GPA, {
+                    let mut t = vec![d(HDR_GPA, 16, n, 1)];
+                    for i in 1..69u16 {
+                        t.push(d(DATA_GPA + 512 * u64::from(i), 512, w | n, i + 1));
+                    }
+                    t.push(d(STATUS_GPA, 1, w, 0));
+                    desc_bytes(&t)
+                }),
+            ],
+            chain: vec![d(INDIRECT_GPA, 70 * 16, VRING_F_INDIRECT, 0)],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "header outside guest memory (in the hole)",
+            setup: vec![],
+            chain: vec![d(HOLE, 16, n, 1), d(DATA_GPA, 512, w | n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "header shorter than 16 bytes",
+            setup: vec![read_hdr.clone()],
+            chain: vec![d(HDR_GPA, 8, n, 1), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "header device-writable",
+            setup: vec![read_hdr.clone()],
+            chain: vec![d(HDR_GPA, 16, w | n, 1), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "status descriptor read-only",
+            setup: vec![read_hdr.clone()],
+            chain: vec![
+                hdr_desc(),
+                d(DATA_GPA, 512, w | n, 2),
+                d(STATUS_GPA, 1, 0, 0),
+            ],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "status descriptor of length 0",
+            setup: vec![read_hdr.clone()],
+            chain: vec![
+                hdr_desc(),
+                d(DATA_GPA, 512, w | n, 2),
+                d(STATUS_GPA, 0, w, 0),
+            ],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "status byte outside guest memory (in the hole)",
+            setup: vec![read_hdr.clone()],
+            chain: vec![hdr_desc(), d(DATA_GPA, 512, w | n, 2), d(HOLE, 1, w, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "status byte address wraps past 2^64",
+            setup: vec![read_hdr.clone()],
+            chain: vec![hdr_desc(), d(u64::MAX, 2, w, 0)],
+            expect: Expect::Dropped,
+        },
+        Case {
+            name: "read into a buffer in the hole",
+            setup: vec![read_hdr.clone()],
+            chain: vec![hdr_desc(), d(HOLE, 4096, w | n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "read into a buffer that runs from region A into the hole",
+            setup: vec![read_hdr.clone()],
+            chain: vec![
+                hdr_desc(),
+                d(0x10_0000 - 4096, 8192, w | n, 2),
+                status_desc(),
+            ],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "read into a second buffer past the end of guest memory",
+            setup: vec![read_hdr.clone()],
+            chain: vec![
+                hdr_desc(),
+                d(DATA_GPA, 4096, w | n, 2),
+                d(REGION_B_GPA + MIB - 512, 1024, w | n, 3),
+                status_desc(),
+            ],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "write from a buffer in the hole",
+            setup: vec![(HDR_GPA, header(T_OUT, 8))],
+            chain: vec![hdr_desc(), d(HOLE, 4096, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "read with a buffer address that wraps past 2^64",
+            setup: vec![read_hdr.clone()],
+            chain: vec![hdr_desc(), d(u64::MAX - 511, 1024, w | n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "sector past the capacity",
+            setup: vec![(HDR_GPA, header(T_IN, IMG_SIZE / 512 - 1))],
+            chain: vec![hdr_desc(), d(DATA_GPA, 1024, w | n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "sector u64::MAX (offset overflows)",
+            setup: vec![(HDR_GPA, header(T_OUT, u64::MAX))],
+            chain: vec![hdr_desc(), d(DATA_GPA, 512, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "unaligned length (write of 511 bytes)",
+            setup: vec![(HDR_GPA, header(T_OUT, 0))],
+            chain: vec![hdr_desc(), d(DATA_GPA, 511, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "read with a device-readable data buffer",
+            setup: vec![read_hdr.clone()],
+            chain: vec![hdr_desc(), d(DATA_GPA, 512, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "unknown request type 0xdead",
+            setup: vec![(HDR_GPA, header(0xdead, 0))],
+            chain: vec![hdr_desc(), d(DATA_GPA, 512, w | n, 2), status_desc()],
+            expect: Expect::Status(S_UNSUPP),
+        },
+        Case {
+            name: "two discard segments",
+            setup: vec![
+                (HDR_GPA, header(T_DISCARD, 0)),
+                (
+                    DATA_GPA,
+                    [dwz_segment(0, 8, 0), dwz_segment(64, 8, 0)].concat(),
+                ),
+            ],
+            chain: vec![hdr_desc(), d(DATA_GPA, 32, n, 2), status_desc()],
+            expect: Expect::Status(S_UNSUPP),
+        },
+        Case {
+            name: "discard with reserved flag bits",
+            setup: vec![
+                (HDR_GPA, header(T_DISCARD, 0)),
+                (DATA_GPA, dwz_segment(0, 8, 1)),
+            ],
+            chain: vec![hdr_desc(), d(DATA_GPA, 16, n, 2), status_desc()],
+            expect: Expect::Status(S_UNSUPP),
+        },
+        Case {
+            name: "write-zeroes with reserved flag bits",
+            setup: vec![
+                (HDR_GPA, header(T_WRITE_ZEROES, 0)),
+                (DATA_GPA, dwz_segment(0, 8, 0x8000_0002)),
+            ],
+            chain: vec![hdr_desc(), d(DATA_GPA, 16, n, 2), status_desc()],
+            expect: Expect::Status(S_UNSUPP),
+        },
+        Case {
+            name: "discard segment past the capacity",
+            setup: vec![
+                (HDR_GPA, header(T_DISCARD, 0)),
+                (DATA_GPA, dwz_segment(IMG_SIZE / 512 - 4, 8, 0)),
+            ],
+            chain: vec![hdr_desc(), d(DATA_GPA, 16, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "discard segment in the hole",
+            setup: vec![(HDR_GPA, header(T_DISCARD, 0))],
+            chain: vec![hdr_desc(), d(HOLE, 16, n, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+        Case {
+            name: "GET_ID without a writable buffer",
+            setup: vec![(HDR_GPA, header(T_GET_ID, 0))],
+            chain: vec![hdr_desc(), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        },
+    ];
+    // A flush with a data buffer is still a flush: not a hostile case, but keep it honest.
+    v.push(Case {
+        name: "flush (control: must succeed)",
+        setup: vec![(HDR_GPA, header(T_FLUSH, 0))],
+        chain: vec![hdr_desc(), status_desc()],
+        expect: Expect::Status(S_OK),
+    });
+    v
+}
+
+/// Runs one case on queue 0 of `s`; returns what was observed, or an error.
+fn run_case(s: &mut Session, c: &Case) -> Result<String, String> {
+    for (gpa, bytes) in &c.setup {
+        s.guest.write(*gpa, bytes);
+    }
+    s.guest.write(STATUS_GPA, &[0xee]);
+    let a = s.submit(0, &c.chain);
+    let observed = match a {
+        Answer::Used(head, len) => {
+            let st = s.guest.read(STATUS_GPA, 1)[0];
+            format!("used(head {head}, len {len}), status byte {st:#04x}")
+        }
+        Answer::Nothing => "no used entry".to_string(),
+    };
+    match c.expect {
+        Expect::Dropped => {
+            if a != Answer::Used(0, 0) {
+                return Err(format!("{observed}; expected used(head 0, len 0)"));
+            }
+        }
+        Expect::Status(st) => {
+            if a != Answer::Used(0, 1) {
+                return Err(format!("{observed}; expected used(head 0, len 1)"));
+            }
+            s.guest.expect(STATUS_GPA, &[st]);
+        }
+    }
+    s.check_memory().map_err(|e| format!("{observed}; {e}"))?;
+    Ok(observed)
+}
+
+#[test]
+fn hostile_chains_get_exact_answers_and_the_queue_keeps_working() {
+    let dir = TestDir::new();
+    let (mut daemon, sock, ro_sock, by_sock, img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+    let expected_img = pattern_bytes(IMG_SIZE, 0, Some(IMG_SEED));
+
+    let mut s = Session::open(&sock, 16, Some(IMG_SEED));
+    s.good_read(0).expect("first good read");
+    let mut failures = Vec::new();
+    for c in cases() {
+        let r = run_case(&mut s, &c);
+        assert_alive(&mut daemon, c.name);
+        let after = s.good_read(0);
+        match (&r, &after) {
+            (Ok(obs), Ok(())) => eprintln!("ok   {}: {obs}; next good read ok", c.name),
+            _ => {
+                let line = format!("FAIL {}: {r:?}; next good read: {after:?}", c.name);
+                eprintln!("{line}");
+                failures.push(line);
+                if after.is_err() {
+                    // The queue is unusable; go on with a fresh session.
+                    s = Session::open(&sock, 16, Some(IMG_SEED));
+                }
+            }
+        }
+    }
+
+    // A head index the ring does not have: no used entry can name it; the next request works.
+    s.guest.write(HDR_GPA, &header(T_IN, 8));
+    s.post_raw(0, 5000, 0);
+    let a = s.wait_used(0, SILENCE);
+    let after = s.good_read(0);
+    eprintln!("head index 5000 (queue size 16): {a:?}; next good read: {after:?}");
+    if a != Answer::Nothing || after.is_err() {
+        failures.push(format!("head 5000: {a:?}, then {after:?}"));
+    }
+
+    // A write on a read-only export.
+    let mut ro = Session::open(&ro_sock, 16, Some(IMG_SEED));
+    let c = Case {
+        name: "write on a read-only export",
+        setup: vec![(HDR_GPA, header(T_OUT, 0)), (DATA_GPA, vec![0x77; 4096])],
+        chain: vec![
+            hdr_desc(),
+            d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+            status_desc(),
+        ],
+        expect: Expect::Status(S_IOERR),
+    };
+    let r = run_case(&mut ro, &c);
+    let after = ro.good_read(0);
+    eprintln!("{}: {r:?}; next good read: {after:?}", c.name);
+    if r.is_err() || after.is_err() {
+        failures.push(format!("{}: {r:?}, then {after:?}", c.name));
+    }
+    for discard in [T_DISCARD, T_WRITE_ZEROES] {
+        let c = Case {
+            name: "discard / write-zeroes on a read-only export",
+            setup: vec![
+                (HDR_GPA, header(discard, 0)),
+                (DATA_GPA, dwz_segment(0, 8, 0)),
+            ],
+            chain: vec![hdr_desc(), d(DATA_GPA, 16, VRING_F_NEXT, 2), status_desc()],
+            expect: Expect::Status(S_IOERR),
+        };
+        let r = run_case(&mut ro, &c);
+        eprintln!("{} (type {discard}): {r:?}", c.name);
+        if r.is_err() {
+            failures.push(format!("{} (type {discard}): {r:?}", c.name));
+        }
+    }
+    drop(ro);
+
+    // Last: an avail index more than the queue size ahead. The queue stops until it is reset
+    // (documented); the daemon stays up and a new connection works.
+    s.guest.write(HDR_GPA, &header(T_IN, 8));
+    s.write_descs(
+        0,
+        0,
+        &[
+            hdr_desc(),
+            d(DATA_GPA, 512, VRING_F_WRITE | VRING_F_NEXT, 2),
+            status_desc(),
+        ],
+    );
+    s.post_raw(0, 0, 100);
+    let a = s.wait_used(0, SILENCE);
+    eprintln!("avail idx 101 ahead of a 16-entry ring: {a:?}");
+    if a != Answer::Nothing {
+        failures.push(format!("avail idx too far ahead answered {a:?}"));
+    }
+    if let Err(e) = s.check_memory() {
+        failures.push(format!("avail idx too far ahead: {e}"));
+    }
+    drop(s);
+    assert_alive(&mut daemon, "the broken avail index");
+    let mut s = Session::open(&sock, 16, Some(IMG_SEED));
+    if let Err(e) = s.good_read(0) {
+        failures.push(format!("fresh session after the broken ring: {e}"));
+    }
+    drop(s);
+    if let Err(e) = fresh_client_works(&sock) {
+        failures.push(format!("libblkio client after everything: {e}"));
+    }
+
+    let ops = by.finish();
+    eprintln!("bystander export served {ops} requests meanwhile");
+    assert_alive(&mut daemon, "everything");
+    daemon.terminate();
+    assert_file_eq(
+        &img,
+        &expected_img,
+        "hostile export's image (nothing may be written)",
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Malformed vhost-user messages
+// ---------------------------------------------------------------------------------------------
+
+/// One protocol-level misbehaviour: runs on a fresh connection, returns what the daemon did.
+type Misbehaviour = fn(&Path) -> String;
+
+/// Reports how the connection ended after a bad message whose answer may be a NACK.
+fn outcome(conn: &Conn, r: Result<(), String>) -> String {
+    let closed = conn.closed_by_peer(Duration::from_millis(500));
+    format!(
+        "{}; connection {}",
+        match r {
+            Ok(()) => "ACK".to_string(),
+            Err(e) => e,
+        },
+        if closed {
+            "closed by the daemon"
+        } else {
+            "still open"
+        }
+    )
+}
+
+fn mis_garbage(p: &Path) -> String {
+    let c = Conn::connect(p);
+    let junk: Vec<u8> = (0..256u32).map(|i| (i * 151 + 7) as u8).collect();
+    c.send_raw(&junk, &[]).unwrap();
+    outcome(&c, Err("garbage sent".into()))
+}
+
+fn mis_huge_size(p: &Path) -> String {
+    let c = Conn::connect(p);
+    c.send_raw(&u32s(&[SET_FEATURES, HDR_VERSION, 0x7fff_ffff]), &[])
+        .unwrap();
+    let _ = c.send_raw(&[0u8; 64], &[]);
+    outcome(&c, Err("header with size 0x7fffffff sent".into()))
+}
+
+fn mis_size_mismatch(p: &Path) -> String {
+    // SET_FEATURES with a 4-byte body instead of 8.
+    let c = Conn::connect(p);
+    let _ = c.get_u64(GET_FEATURES);
+    c.send(SET_FEATURES, 0, &[1, 2, 3, 4], &[]).unwrap();
+    outcome(&c, Err("SET_FEATURES with a 4-byte body sent".into()))
+}
+
+fn mis_partial(p: &Path) -> String {
+    // A header that promises 40 bytes, 10 of them, then the frontend goes away.
+    let c = Conn::connect(p);
+    let mut m = u32s(&[SET_VRING_ADDR, HDR_VERSION, 40]);
+    m.extend_from_slice(&[0u8; 10]);
+    c.send_raw(&m, &[]).unwrap();
+    drop(c);
+    "partial message, then closed by the frontend".into()
+}
+
+fn mis_unknown_code(p: &Path) -> String {
+    let c = Conn::connect(p);
+    c.send(999, HDR_NEED_REPLY, &[0u8; 8], &[]).unwrap();
+    outcome(&c, Err("request code 999 sent".into()))
+}
+
+fn mis_bad_version(p: &Path) -> String {
+    let c = Conn::connect(p);
+    c.send_raw(&u32s(&[GET_FEATURES, 0x2, 0]), &[]).unwrap();
+    outcome(&c, Err("header version 2 sent".into()))
+}
+
+fn mis_unoffered_features(p: &Path) -> String {
+    let (c, offered) = Session::negotiate(p).unwrap();
+    let r = c.set(SET_FEATURES, &u64s(&[offered | (1 << 63) | (1 << 55)]), &[]);
+    outcome(&c, r)
+}
+
+fn with_mem(p: &Path) -> (Conn, Guest) {
+    let (c, _) = Session::negotiate(p).unwrap();
+    let g = Guest::new();
+    Session::set_mem_table(&c, &g).unwrap();
+    (c, g)
+}
+
+fn mis_vring_num_0(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    let r = c.set(SET_VRING_NUM, &u32s(&[0, 0]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_vring_num_3(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    let r = c.set(SET_VRING_NUM, &u32s(&[0, 3]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_vring_num_too_big(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    // The export's queue-size is 64.
+    let r = c.set(SET_VRING_NUM, &u32s(&[0, 128]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_vring_num_65536(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    let r = c.set(SET_VRING_NUM, &u32s(&[0, 65536]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_vring_addr_outside(p: &Path) -> String {
+    let (c, g) = with_mem(p);
+    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
+    let mut body = u32s(&[0, 0]);
+    // The descriptor table at a user address the mem table does not cover.
+    body.extend_from_slice(&u64s(&[
+        0x1000,
+        g.user_addr(0x3000),
+        g.user_addr(0x2000),
+        0,
+    ]));
+    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    outcome(&c, r)
+}
+
+fn mis_vring_addr_runs_out(p: &Path) -> String {
+    // The used ring starts inside region A but runs past its end into the hole.
+    let (c, g) = with_mem(p);
+    c.set(SET_VRING_NUM, &u32s(&[0, 64]), &[]).unwrap();
+    let mut body = u32s(&[0, 0]);
+    body.extend_from_slice(&u64s(&[
+        g.user_addr(0x1000),
+        g.user_addr(0x10_0000 - 64),
+        g.user_addr(0x2000),
+        0,
+    ]));
+    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+    let r2 = r
+        .clone()
+        .and_then(|_| c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()]))
+        .and_then(|_| c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[]));
+    let _ = kick.write(1);
+    format!(
+        "SET_VRING_ADDR {r:?}, then kick+enable {r2:?}; {}",
+        outcome(&c, Ok(()))
+    )
+}
+
+fn mis_vring_index(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    let r = c.set(SET_VRING_NUM, &u32s(&[200, 16]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_queue_num_plus_one(p: &Path) -> String {
+    let (c, g) = with_mem(p);
+    let n = c.get_u64(GET_QUEUE_NUM).unwrap() as u32;
+    let r = c.set(SET_VRING_NUM, &u32s(&[n, 16]), &[]);
+    let _ = g;
+    format!(
+        "GET_QUEUE_NUM = {n}, SET_VRING_NUM index {n}: {}",
+        outcome(&c, r)
+    )
+}
+
+fn mis_kick_index(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    let n = c.get_u64(GET_QUEUE_NUM).unwrap();
+    let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+    let r = c.set(SET_VRING_KICK, &u64s(&[n]), &[kick.as_raw_fd()]);
+    format!("SET_VRING_KICK index {n}: {}", outcome(&c, r))
+}
+
+fn mis_get_vring_base_index(p: &Path) -> String {
+    let (c, _g) = with_mem(p);
+    c.send(GET_VRING_BASE, 0, &u32s(&[77, 0]), &[]).unwrap();
+    outcome(&c, Err("GET_VRING_BASE index 77 sent".into()))
+}
+
+fn mis_kick_without_fd(p: &Path) -> String {
+    // Neither an fd nor the "no fd" flag (0x100).
+    let (c, _g) = with_mem(p);
+    let r = c.set(SET_VRING_KICK, &u64s(&[0]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_fds_on_wrong_message(p: &Path) -> String {
+    // SET_OWNER with 8 file descriptors attached: they must be refused and closed.
+    let c = Conn::connect(p);
+    let efds: Vec<EventFd> = (0..8)
+        .map(|_| EventFd::new(libc::EFD_CLOEXEC).unwrap())
+        .collect();
+    let fds: Vec<RawFd> = efds.iter().map(|e| e.as_raw_fd()).collect();
+    let _ = c.send(SET_OWNER, 0, &[], &fds);
+    outcome(&c, Err("SET_OWNER with 8 fds sent".into()))
+}
+
+fn mis_mem_table_zero_regions(p: &Path) -> String {
+    let (c, _) = Session::negotiate(p).unwrap();
+    let r = c.set(SET_MEM_TABLE, &u32s(&[0, 0]), &[]);
+    outcome(&c, r)
+}
+
+fn mis_mem_table_fd_mismatch(p: &Path) -> String {
+    // Two regions, one fd.
+    let (c, _) = Session::negotiate(p).unwrap();
+    let g = Guest::new();
+    let mut body = u32s(&[2, 0]);
+    for &(gpa, size, off) in &g.regions {
+        body.extend_from_slice(&u64s(&[gpa, size, g.base as u64 + off, off]));
+    }
+    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    outcome(&c, r)
+}
+
+fn mis_mem_table_overlap(p: &Path) -> String {
+    let (c, _) = Session::negotiate(p).unwrap();
+    let g = Guest::new();
+    let mut body = u32s(&[2, 0]);
+    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
+    body.extend_from_slice(&u64s(&[MIB / 2, MIB, g.base as u64 + MIB, MIB]));
+    let fd = g.fd.as_raw_fd();
+    let r = c.set(SET_MEM_TABLE, &body, &[fd, fd]);
+    outcome(&c, r)
+}
+
+fn mis_mem_table_wraps(p: &Path) -> String {
+    let (c, _) = Session::negotiate(p).unwrap();
+    let g = Guest::new();
+    let mut body = u32s(&[1, 0]);
+    body.extend_from_slice(&u64s(&[u64::MAX - 4095, MIB, g.base as u64, 0]));
+    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    outcome(&c, r)
+}
+
+fn mis_mem_table_zero_size(p: &Path) -> String {
+    let (c, _) = Session::negotiate(p).unwrap();
+    let g = Guest::new();
+    let mut body = u32s(&[1, 0]);
+    body.extend_from_slice(&u64s(&[0, 0, g.base as u64, 0]));
+    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    outcome(&c, r)
+}
+
+fn mis_get_config_past_end(p: &Path) -> String {
+    let (c, _) = Session::negotiate(p).unwrap();
+    // struct { offset, size, flags, payload[size] }
+    let mut body = u32s(&[90, 16, 0]);
+    body.extend_from_slice(&[0u8; 16]);
+    c.send(GET_CONFIG, 0, &body, &[]).unwrap();
+    let r = c.recv();
+    format!(
+        "reply {:?}; connection {}",
+        r.map(|(_, _, b)| b.len()),
+        if c.closed_by_peer(Duration::from_millis(500)) {
+            "closed by the daemon"
+        } else {
+            "still open"
+        }
+    )
+}
+
+/// VhostUserInflight: mmap_size, mmap_offset, num_queues, queue_size (repr(C): 24 bytes).
+fn inflight_msg(size: u64, offset: u64, num_queues: u16, queue_size: u16) -> Vec<u8> {
+    let mut b = u64s(&[size, offset]);
+    b.extend_from_slice(&num_queues.to_le_bytes());
+    b.extend_from_slice(&queue_size.to_le_bytes());
+    b.extend_from_slice(&[0u8; 4]);
+    b
+}
+
+fn mis_get_inflight_huge(p: &Path) -> String {
+    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
+    c.send(GET_INFLIGHT_FD, 0, &inflight_msg(0, 0, 1, 65535), &[])
+        .unwrap();
+    let r = c.recv().map(|(_, _, b)| b.len());
+    format!(
+        "reply {r:?}; connection {}",
+        if c.closed_by_peer(Duration::from_millis(500)) {
+            "closed by the daemon"
+        } else {
+            "still open"
+        }
+    )
+}
+
+fn mis_set_inflight_past_eof(p: &Path) -> String {
+    // A 4 KiB memfd claimed to hold 1 MiB of in-flight state.
+    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", 4096);
+    let r = c.set(
+        SET_INFLIGHT_FD,
+        &inflight_msg(MIB, 0, 1, 64),
+        &[f.as_raw_fd()],
+    );
+    outcome(&c, r)
+}
+
+fn mis_set_inflight_offset_wraps(p: &Path) -> String {
+    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", 4096);
+    let r = c.set(
+        SET_INFLIGHT_FD,
+        &inflight_msg(2048, u64::MAX - 1000, 1, 64),
+        &[f.as_raw_fd()],
+    );
+    outcome(&c, r)
+}
+
+fn mis_set_inflight_too_many_queues(p: &Path) -> String {
+    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", 1 << 20);
+    let r = c.set(
+        SET_INFLIGHT_FD,
+        &inflight_msg(1 << 20, 0, 9, 64),
+        &[f.as_raw_fd()],
+    );
+    outcome(&c, r)
+}
+
+fn mis_set_inflight_queue_size_0(p: &Path) -> String {
+    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", 4096);
+    let r = c.set(
+        SET_INFLIGHT_FD,
+        &inflight_msg(4096, 0, 1, 0),
+        &[f.as_raw_fd()],
+    );
+    outcome(&c, r)
+}
+
+fn memfd(name: &str, len: u64) -> File {
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
+    let f = unsafe {
+        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0, "memfd_create");
+        File::from_raw_fd(fd)
+    };
+    f.set_len(len).unwrap();
+    f
+}
+
+fn mis_close_mid_setup(p: &Path) -> String {
+    // Everything set up and a ring running with a request in flight, then the frontend
+    // vanishes without GET_VRING_BASE.
+    let mut s = Session::open(p, 16, Some(IMG_SEED));
+    s.guest.write(HDR_GPA, &header(T_IN, 8));
+    s.write_descs(
+        0,
+        0,
+        &[
+            hdr_desc(),
+            d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
+            status_desc(),
+        ],
+    );
+    s.post_raw(0, 0, 0);
+    drop(s);
+    "closed by the frontend with a request posted".into()
+}
+
+fn mis_close_after_mem_table(p: &Path) -> String {
+    let (c, g) = with_mem(p);
+    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
+    drop(c);
+    drop(g);
+    "closed by the frontend after SET_MEM_TABLE and SET_VRING_NUM".into()
+}
+
+fn mis_close_immediately(p: &Path) -> String {
+    drop(UnixStream::connect(p).unwrap());
+    "connected and closed at once".into()
+}
+
+#[test]
+fn malformed_messages_close_only_that_connection() {
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+    // Let the bystander connect before counting descriptors.
+    fresh_client_works(&sock).expect("first client");
+    std::thread::sleep(Duration::from_millis(200));
+    let fds_before = fd_count(daemon.pid());
+
+    let cases: Vec<(&str, Misbehaviour)> = vec![
+        ("garbage bytes", mis_garbage),
+        ("header with a huge size", mis_huge_size),
+        ("body shorter than the request needs", mis_size_mismatch),
+        ("partial message then close", mis_partial),
+        ("unknown request code", mis_unknown_code),
+        ("header version 2", mis_bad_version),
+        ("SET_FEATURES with bits not offered", mis_unoffered_features),
+        ("SET_VRING_NUM 0", mis_vring_num_0),
+        ("SET_VRING_NUM 3 (not a power of two)", mis_vring_num_3),
+        ("SET_VRING_NUM 128 (> queue-size 64)", mis_vring_num_too_big),
+        ("SET_VRING_NUM 65536", mis_vring_num_65536),
+        (
+            "SET_VRING_ADDR outside the mem table",
+            mis_vring_addr_outside,
+        ),
+        (
+            "SET_VRING_ADDR used ring running into the hole",
+            mis_vring_addr_runs_out,
+        ),
+        ("SET_VRING_NUM on vring 200", mis_vring_index),
+        (
+            "GET_QUEUE_NUM then SET_VRING_NUM on index = queues",
+            mis_queue_num_plus_one,
+        ),
+        ("SET_VRING_KICK on index = queues", mis_kick_index),
+        ("GET_VRING_BASE on vring 77", mis_get_vring_base_index),
+        (
+            "SET_VRING_KICK without an fd or the no-fd flag",
+            mis_kick_without_fd,
+        ),
+        ("SET_OWNER with 8 fds attached", mis_fds_on_wrong_message),
+        ("SET_MEM_TABLE with 0 regions", mis_mem_table_zero_regions),
+        (
+            "SET_MEM_TABLE with 2 regions and 1 fd",
+            mis_mem_table_fd_mismatch,
+        ),
+        (
+            "SET_MEM_TABLE with overlapping regions",
+            mis_mem_table_overlap,
+        ),
+        (
+            "SET_MEM_TABLE region wrapping past 2^64",
+            mis_mem_table_wraps,
+        ),
+        ("SET_MEM_TABLE region of size 0", mis_mem_table_zero_size),
+        ("GET_CONFIG past the config space", mis_get_config_past_end),
+        (
+            "GET_INFLIGHT_FD with queue_size 65535",
+            mis_get_inflight_huge,
+        ),
+        (
+            "SET_INFLIGHT_FD claiming 1 MiB of a 4 KiB memfd",
+            mis_set_inflight_past_eof,
+        ),
+        (
+            "SET_INFLIGHT_FD with an offset that wraps",
+            mis_set_inflight_offset_wraps,
+        ),
+        (
+            "SET_INFLIGHT_FD with 9 queues",
+            mis_set_inflight_too_many_queues,
+        ),
+        (
+            "SET_INFLIGHT_FD with queue_size 0",
+            mis_set_inflight_queue_size_0,
+        ),
+        (
+            "close mid-setup with a request in flight",
+            mis_close_mid_setup,
+        ),
+        ("close after SET_MEM_TABLE", mis_close_after_mem_table),
+        ("connect and close at once", mis_close_immediately),
+    ];
+    let mut failures = Vec::new();
+    for (name, f) in cases {
+        let obs = f(&sock);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_alive(&mut daemon, name);
+        match fresh_client_works(&sock) {
+            Ok(()) => eprintln!("ok   {name}: {obs}; a new client works"),
+            Err(e) => {
+                let line = format!("FAIL {name}: {obs}; a new client: {e}");
+                eprintln!("{line}");
+                failures.push(line);
+            }
+        }
+    }
+    // libblkio asking for more queues than offered fails cleanly on the client side; asking for
+    // a bigger ring than the export's queue-size is refused by the daemon (SET_VRING_NUM).
+    let mut opts = ConnectOptions::new(3);
+    opts.queue_size = Some(64);
+    match Client::connect_with(&sock, &opts) {
+        Ok(_) => failures.push("libblkio with 3 queues on a 2-queue export connected".into()),
+        Err(e) => eprintln!("ok   libblkio asking 3 queues of 2: {e:#}"),
+    }
+    fresh_client_works(&sock).expect("client after the queue-count mismatch");
+    match Client::connect(&sock, 1) {
+        Ok(_) => failures
+            .push("libblkio with 256-entry rings on a queue-size=64 export connected".into()),
+        Err(e) => {
+            eprintln!("ok   libblkio asking 256-entry rings of a queue-size=64 export: {e:#}")
+        }
+    }
+    fresh_client_works(&sock).expect("client after the queue-size mismatch");
+
+    std::thread::sleep(Duration::from_millis(200));
+    let fds_after = fd_count(daemon.pid());
+    eprintln!("daemon fds: {fds_before} before, {fds_after} after");
+    if fds_after != fds_before {
+        failures.push(format!(
+            "daemon descriptors: {fds_before} before, {fds_after} after"
+        ));
+    }
+    let ops = by.finish();
+    eprintln!("bystander export served {ops} requests meanwhile");
+    assert_alive(&mut daemon, "everything");
+    daemon.terminate();
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory-table abuse that could take the whole daemon down
+// ---------------------------------------------------------------------------------------------
+
+/// A region that claims more memory than its file holds: touching the part past the end of
+/// the file raises SIGBUS in whoever maps it. The daemon must refuse the table (or at least
+/// survive), and its other exports must keep serving.
+#[test]
+fn mem_region_larger_than_its_file_does_not_kill_the_daemon() {
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+
+    let (c, _) = Session::negotiate(&sock).unwrap();
+    let mut g = Guest::new();
+    // Shrink the memfd to 64 KiB but keep claiming the full 1 MiB regions.
+    assert_eq!(unsafe { libc::ftruncate(g.fd.as_raw_fd(), 64 * 1024) }, 0);
+    let mut body = u32s(&[1, 0]);
+    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
+    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    eprintln!("SET_MEM_TABLE of a 1 MiB region over a 64 KiB memfd: {r:?}");
+    if r.is_ok() {
+        // Rings past the end of the file: the first access is the worker reading avail->idx.
+        g.regions = vec![(0, MIB, 0)];
+        let size = 16u32;
+        let (desc, avail, used) = (0x8_0000u64, 0x8_1000u64, 0x8_2000u64);
+        let ring = (|| -> Result<(), String> {
+            c.set(SET_VRING_NUM, &u32s(&[0, size]), &[])?;
+            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
+            let mut body = u32s(&[0, 0]);
+            body.extend_from_slice(&u64s(&[
+                g.base as u64 + desc,
+                g.base as u64 + used,
+                g.base as u64 + avail,
+                0,
+            ]));
+            c.set(SET_VRING_ADDR, &body, &[])?;
+            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
+            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
+            kick.write(1).unwrap();
+            Ok(())
+        })();
+        eprintln!("vring past the end of the file: {ring:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(c);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_alive(&mut daemon, "a memory region larger than its file");
+    fresh_client_works(&sock).expect("a new client after the bad region");
+    by.finish();
+    daemon.terminate();
+}
+
+/// Ring addresses that break the virtio alignment rules (descriptor table 16, avail 2, used
+/// ring 4). The vhost crate checks the alignment of the frontend's *user* addresses, but a
+/// frontend can declare a region whose user address is skewed against its guest-physical one,
+/// so aligned user addresses translate to misaligned guest addresses. The daemon must refuse
+/// such a ring, not serve it from somewhere else: virtio-queue's setters ignore a misaligned
+/// address and keep the default, GPA 0.
+#[test]
+fn misaligned_ring_addresses_are_refused() {
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+
+    let mut failures = Vec::new();
+    // (what, user-address skew of region A, of region B, desc gpa, used gpa)
+    let scenarios = [
+        (
+            "used ring at GPA 0x200002",
+            0u64,
+            2u64,
+            0x1000u64,
+            REGION_B_GPA + 2,
+        ),
+        // Region A declared 8 bytes below its real user address (not above: its user range
+        // would then overlap region B's).
+        (
+            "descriptor table at GPA 0x1008",
+            0u64.wrapping_sub(8),
+            0,
+            0x1008,
+            REGION_B_GPA,
+        ),
+    ];
+    for (what, skew_a, skew_b, desc, used) in scenarios {
+        let (c, _) = Session::negotiate(&sock).unwrap();
+        let mut g = Guest::new();
+        let skews = [skew_a, skew_b];
+        let mut body = u32s(&[2, 0]);
+        for (&(gpa, size, off), skew) in g.regions.iter().zip(skews) {
+            body.extend_from_slice(&u64s(&[
+                gpa,
+                size,
+                (g.base as u64 + off).wrapping_add(skew),
+                off,
+            ]));
+        }
+        let fd = g.fd.as_raw_fd();
+        c.set(SET_MEM_TABLE, &body, &[fd, fd])
+            .expect("SET_MEM_TABLE");
+        let ua = |g: &Guest, gpa: u64| {
+            let skew = if gpa >= REGION_B_GPA { skew_b } else { skew_a };
+            g.user_addr(gpa).wrapping_add(skew)
+        };
+        let avail = 0x2000u64;
+        g.write(desc, &[0u8; 256]);
+        g.write(avail, &[0u8; 38]);
+        g.write(used, &[0u8; 134]);
+        g.write(HDR_GPA, &header(T_IN, 8));
+        g.write(
+            desc,
+            &desc_bytes(&[
+                hdr_desc(),
+                d(DATA_GPA, 512, VRING_F_WRITE | VRING_F_NEXT, 2),
+                status_desc(),
+            ]),
+        );
+        let setup = (|| -> Result<EventFd, String> {
+            c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[])?;
+            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
+            let mut body = u32s(&[0, 0]);
+            body.extend_from_slice(&u64s(&[ua(&g, desc), ua(&g, used), ua(&g, avail), 0]));
+            c.set(SET_VRING_ADDR, &body, &[])?;
+            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
+            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
+            Ok(kick)
+        })();
+        let (obs, served) = match &setup {
+            Ok(kick) => {
+                g.write(avail + 4, &0u16.to_le_bytes());
+                g.write(avail + 2, &1u16.to_le_bytes());
+                kick.write(1).unwrap();
+                std::thread::sleep(SILENCE);
+                let used_idx = g.read_u16(used + 2);
+                let changed = g.diff(&[(used, 134)]);
+                let served = used_idx != 0 || changed.is_some();
+                (
+                    format!(
+                        "setup acked; used idx at the given address {used_idx}; elsewhere: {}",
+                        changed.unwrap_or_else(|| "nothing changed".into())
+                    ),
+                    served,
+                )
+            }
+            Err(e) => (format!("refused: {e}"), false),
+        };
+        eprintln!("{what}: {obs}");
+        if served {
+            failures.push(format!("{what}: the ring was served: {obs}"));
+        }
+        drop(c);
+        assert_alive(&mut daemon, what);
+        if let Err(e) = fresh_client_works(&sock) {
+            failures.push(format!("{what}: new client: {e}"));
+        }
+    }
+    by.finish();
+    if std::env::var_os("HOSTILE_LOG").is_some() {
+        eprintln!("{}", daemon.log());
+    }
+    daemon.terminate();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A frontend hands over an in-flight region it forged: every head of a 64-entry queue marked
+/// in flight (on a 16-entry ring whose descriptors are all zero), a last_batch_head out of
+/// range and a used_idx that disagrees with the ring. The daemon resubmits what it can, answers
+/// nothing it cannot, writes nothing outside the used ring, and keeps running.
+#[test]
+fn forged_inflight_region_is_survived() {
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+
+    let (c, _) = Session::negotiate_with(&sock, P_INFLIGHT_SHMFD).unwrap();
+    // Per queue: u64 features; u16 version, desc_num, last_batch_head, used_idx; then
+    // desc[queue_size] { u8 inflight; u8 pad[5]; u16 next; u64 counter }, 64-byte aligned.
+    let qs = 64u16;
+    let size = (16 + 16 * u64::from(qs)).next_multiple_of(64);
+    let mut region = vec![0u8; size as usize];
+    region[8..10].copy_from_slice(&1u16.to_le_bytes()); // version
+    region[10..12].copy_from_slice(&qs.to_le_bytes());
+    region[12..14].copy_from_slice(&0xffffu16.to_le_bytes()); // last_batch_head
+    region[14..16].copy_from_slice(&5u16.to_le_bytes()); // used_idx
+    for h in 0..qs as usize {
+        let o = 16 + 16 * h;
+        region[o] = 1;
+        region[o + 6..o + 8].copy_from_slice(&0xffffu16.to_le_bytes());
+        region[o + 8..o + 16].copy_from_slice(&((h as u64 * 7919) % 1000).to_le_bytes());
+    }
+    let f = memfd("forged-inflight", size);
+    std::os::unix::fs::FileExt::write_all_at(&f, &region, 0).unwrap();
+    let r = c.set(
+        SET_INFLIGHT_FD,
+        &inflight_msg(size, 0, 1, qs),
+        &[f.as_raw_fd()],
+    );
+    eprintln!("SET_INFLIGHT_FD of a forged region: {r:?}");
+    let mut g = Guest::new();
+    Session::set_mem_table(&c, &g).expect("SET_MEM_TABLE");
+    let ring = Session::setup_ring(&c, &mut g, 0, 16);
+    eprintln!(
+        "vring setup with the forged region: {:?}",
+        ring.as_ref().map(|_| ())
+    );
+    std::thread::sleep(SILENCE);
+    assert_alive(&mut daemon, "a forged in-flight region");
+    let used = ring.as_ref().map(|r| r.used_area());
+    let skip: Vec<(u64, usize)> = used.iter().copied().collect();
+    let changed = g.diff(&skip);
+    let used_idx = ring.as_ref().map(|r| g.read_u16(r.used + 2)).ok();
+    eprintln!("after the resubmission: used idx {used_idx:?}; other changes: {changed:?}");
+    assert!(
+        changed.is_none(),
+        "guest memory changed outside the used ring: {changed:?}"
+    );
+    drop(ring);
+    drop(c);
+    fresh_client_works(&sock).expect("a new client after the forged region");
+    by.finish();
+    daemon.terminate();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random hostile chains against the live daemon
+// ---------------------------------------------------------------------------------------------
+
+/// xorshift64*: a small deterministic generator, so a failure names a seed that reproduces it.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
+/// Where random device-writable buffers may point: the daemon may write only there (and to the
+/// used ring), so everything else in guest memory must keep its canary.
+const SCRATCH_GPA: u64 = 0x8_0000;
+const SCRATCH_LEN: u64 = 0x4_0000;
+/// A second writable area: the last page of guest memory, for buffers that run off its end.
+const TAIL_GPA: u64 = REGION_B_GPA + MIB - 0x1000;
+/// Where random headers and device-readable buffers point.
+const HDRS_GPA: u64 = 0x1_0000;
+const HDRS_LEN: u64 = 0x1000;
+/// Indirect tables of random chains (one 16-entry table per chain slot).
+const TABLES_GPA: u64 = 0x4_0000;
+
+/// Random descriptors for one chain (or indirect table) whose entries sit at `first..`.
+/// Device-writable buffers lie in the scratch area, the last page of memory (running off its
+/// end), the hole, or past 2^64 - 256; readable ones anywhere. `depth` > 0 makes a table.
+fn random_descs(rng: &mut Rng, s: &mut Session, c: u16, first: u16, depth: u32) -> Vec<D> {
+    let n = 1 + rng.below(6) as u16;
+    // A header: mostly a real type with a sector near or past the capacity.
+    let hdr_at = HDRS_GPA + 32 * rng.below(HDRS_LEN / 32);
+    let t = rng.pick(&[
+        T_IN,
+        T_IN,
+        T_OUT,
+        T_OUT,
+        T_FLUSH,
+        T_GET_ID,
+        T_DISCARD,
+        T_WRITE_ZEROES,
+        3,
+        0xffff_ffff,
+    ]);
+    let cap = IMG_SIZE / 512;
+    let any = rng.below(cap);
+    let sector = rng.pick(&[0, 1, cap - 8, cap - 1, cap, u64::MAX, any]);
+    let mut h = header(t, sector);
+    let seg_sector = rng.pick(&[0, cap - 8, u64::MAX]);
+    h.extend_from_slice(&dwz_segment(
+        seg_sector,
+        rng.pick(&[0, 8, u32::MAX]),
+        rng.pick(&[0, 1, 2]),
+    ));
+    s.guest.write(hdr_at, &h);
+    let mut ds = Vec::new();
+    for i in 0..n {
+        let write = (i > 0 && rng.below(3) != 0) || (i == n - 1 && rng.below(8) != 0);
+        let len = rng.pick(&[
+            0u32,
+            1,
+            8,
+            16,
+            17,
+            32,
+            511,
+            512,
+            513,
+            4096,
+            8192,
+            65536,
+            0xffff_fff0,
+        ]);
+        let (addr, len) = if i == 0 && !write && rng.below(8) != 0 {
+            (hdr_at, len.min(32))
+        } else if write {
+            match rng.below(8) {
+                0 => (HOLE + rng.below(0x1000), len),
+                1 => (u64::MAX - rng.below(0x100), len),
+                2 => (TAIL_GPA + rng.below(0x1000), len), // may run off the end of memory
+                _ => {
+                    let a = SCRATCH_GPA + 512 * rng.below(SCRATCH_LEN / 512);
+                    (a, len.min((SCRATCH_GPA + SCRATCH_LEN - a) as u32))
+                }
+            }
+        } else {
+            match rng.below(6) {
+                0 => (HOLE, len),
+                1 => (REGION_B_GPA + MIB - rng.below(64), len),
+                _ => (HDRS_GPA + rng.below(HDRS_LEN), len),
+            }
+        };
+        let mut flags = if write { VRING_F_WRITE } else { 0 };
+        if i + 1 < n {
+            flags |= VRING_F_NEXT;
+        }
+        if rng.below(8) == 0 {
+            flags |= 0x8000; // a reserved bit
+        }
+        let next = if rng.below(16) == 0 {
+            rng.below(70) as u16 // anywhere, back into the chain, or past the table
+        } else {
+            first + i + 1
+        };
+        ds.push(d(addr, len, flags, next));
+    }
+    // Sometimes the chain is an indirect table instead (and, once in a while, a table refers to
+    // another one, which is not allowed).
+    if depth < 2 && rng.below(6) == 0 {
+        let table = TABLES_GPA + 0x400 * u64::from(c) + 0x100 * u64::from(depth);
+        let inner = random_descs(rng, s, c, 0, depth + 1);
+        s.guest.write(table, &desc_bytes(&inner));
+        let len = match rng.below(8) {
+            0 => 16 * inner.len() as u32 + 8, // not a multiple of 16
+            1 => 0,
+            _ => 16 * inner.len() as u32,
+        };
+        let at = rng.below(ds.len() as u64) as usize;
+        ds[at] = d(
+            table,
+            len,
+            VRING_F_INDIRECT | (ds[at].flags & VRING_F_NEXT),
+            ds[at].next,
+        );
+    }
+    ds
+}
+
+/// Writes a random chain at table slots `first..` (chain slot `c`).
+fn random_chain(rng: &mut Rng, s: &mut Session, c: u16) {
+    let first = 8 * c;
+    let ds = random_descs(rng, s, c, first, 0);
+    s.write_descs(0, first, &ds);
+}
+
+#[test]
+fn random_hostile_chains_never_hurt_the_daemon() {
+    let seed: u64 = std::env::var("MQBLK_HOSTILE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x6d71_626c_6b21);
+    let batches: usize = std::env::var("MQBLK_HOSTILE_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut s = Session::open(&sock, 64, None);
+    let (mut answered, mut dropped, mut statuses) = (0u64, 0u64, [0u64; 256]);
+    for b in 0..batches {
+        // Up to 8 chains per batch, at table slots 8c.., posted together.
+        let chains = 1 + rng.below(8) as u16;
+        for c in 0..chains {
+            random_chain(&mut rng, &mut s, c);
+        }
+        let avail = s.rings[0].avail;
+        let start = s.rings[0].avail_idx;
+        for c in 0..chains {
+            let slot = avail + 4 + 2 * u64::from(start.wrapping_add(c) % 64);
+            s.guest.write(slot, &(8 * c).to_le_bytes());
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let new_idx = start.wrapping_add(chains);
+        s.guest.write(avail + 2, &new_idx.to_le_bytes());
+        s.rings[0].avail_idx = new_idx;
+        s.rings[0].kick.write(1).unwrap();
+        let t_batch = Instant::now();
+        let mut heads = Vec::new();
+        for _ in 0..chains {
+            match s.wait_used(0, ANSWER_TIMEOUT) {
+                Answer::Used(h, len) => heads.push((h, len)),
+                Answer::Nothing => {
+                    assert_alive(&mut daemon, &format!("batch {b} (seed {seed})"));
+                    panic!(
+                        "batch {b} (seed {seed}): {} of {chains} chains unanswered",
+                        chains as usize - heads.len()
+                    );
+                }
+            }
+        }
+        if std::env::var_os("HOSTILE_SLOW").is_some()
+            && t_batch.elapsed() > Duration::from_millis(30)
+        {
+            eprintln!(
+                "batch {b}: {chains} chains took {:?}: {heads:?}",
+                t_batch.elapsed()
+            );
+        }
+        let mut ids: Vec<u32> = heads.iter().map(|&(h, _)| h).collect();
+        ids.sort_unstable();
+        let want: Vec<u32> = (0..u32::from(chains)).map(|c| 8 * c).collect();
+        assert_eq!(
+            ids, want,
+            "batch {b} (seed {seed}): used entries name other heads"
+        );
+        for &(h, len) in &heads {
+            answered += 1;
+            if len == 0 {
+                dropped += 1;
+            } else {
+                // The status byte is the last byte of the chain's last descriptor.
+                let last = last_desc(&mut s, h as u16);
+                if let Some(at) = last.addr.checked_add(u64::from(last.len).saturating_sub(1)) {
+                    if (SCRATCH_GPA..SCRATCH_GPA + SCRATCH_LEN).contains(&at) {
+                        statuses[s.guest.read(at, 1)[0] as usize] += 1;
+                    }
+                }
+            }
+        }
+        // Nothing outside the writable areas and the used ring may have changed.
+        let skip = [
+            s.rings[0].used_area(),
+            (SCRATCH_GPA, SCRATCH_LEN as usize),
+            (TAIL_GPA, 0x1000),
+        ];
+        if let Some(e) = s.guest.diff(&skip) {
+            panic!("batch {b} (seed {seed}): {e}");
+        }
+        for (at, len) in [(SCRATCH_GPA, SCRATCH_LEN as usize), (TAIL_GPA, 0x1000)] {
+            let now = s.guest.read(at, len);
+            s.guest.expect(at, &now);
+        }
+        if b % 50 == 49 {
+            assert_alive(&mut daemon, &format!("batch {b} (seed {seed})"));
+        }
+    }
+    eprintln!(
+        "seed {seed}: {answered} random chains answered, {dropped} dropped (used len 0); status bytes OK {} IOERR {} UNSUPP {}",
+        statuses[0], statuses[1], statuses[2]
+    );
+    // The queue still serves a good request (the image may have been written: its data is not
+    // checked, only the answer; session opened with no image seed).
+    s.good_read(0).expect("a good read after the random chains");
+    drop(s);
+    fresh_client_works(&sock).expect("a new client after the random chains");
+    by.finish();
+    daemon.terminate();
+}
+
+/// The last descriptor of the (direct) chain at `head`, following NEXT at most 8 times.
+fn last_desc(s: &mut Session, head: u16) -> D {
+    let mut i = head;
+    for _ in 0..8 {
+        let b = s.guest.read(s.rings[0].desc + 16 * u64::from(i), 16);
+        let dd = D {
+            addr: u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            len: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            flags: u16::from_le_bytes(b[12..14].try_into().unwrap()),
+            next: u16::from_le_bytes(b[14..16].try_into().unwrap()),
+        };
+        if dd.flags & VRING_F_NEXT == 0 || dd.next >= 64 {
+            return dd;
+        }
+        i = dd.next;
+    }
+    D {
+        addr: u64::MAX,
+        len: 0,
+        flags: 0,
+        next: 0,
+    }
+}
