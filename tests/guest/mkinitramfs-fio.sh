@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Builds the initramfs of the reconnect test guest (tests/guest_reconnect.rs):
+# target/guest/initramfs-fio.cpio.zst (zstd; gzip, .cpio.gz, where zstd is missing), holding
+#   /init                       tests/guest/init-reconnect
+#   /bin/busybox                the static busybox from Debian's busybox-static package
+#   /usr/bin/fio                the host's fio (Debian's fio package), dynamically linked, with
+#                               every library `ldd` lists and the dynamic loader, at the same
+#                               paths as on the host (Debian's fio is linked with -z now against
+#                               ceph, gluster, rdma, ...: all of them must be there, about 85 MB)
+#   /lib/modules/virtio_blk.ko  target/guest/virtio_blk.ko (unpacked by .ci/setup)
+# The first initramfs (mkinitramfs.sh, for tests/guest.rs) stays small and is not touched.
+# Idempotent: does nothing when the output is newer than all of its inputs (and this script).
+# Prints the output's path on stdout. Needs cpio, ldd, and zstd or gzip (installed by .ci/setup).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+guest="$root/target/guest"
+init="$here/init-reconnect"
+module="$guest/virtio_blk.ko"
+busybox="${MQBLK_BUSYBOX:-/bin/busybox}"
+fio="${MQBLK_FIO:-/usr/bin/fio}"
+
+die() {
+	echo "mkinitramfs-fio: $*" >&2
+	exit 1
+}
+
+if command -v zstd >/dev/null; then
+	out="$guest/initramfs-fio.cpio.zst"
+	compress() { zstd -q -T0 -9 -c; }
+else
+	command -v gzip >/dev/null || die "neither zstd nor gzip found"
+	out="$guest/initramfs-fio.cpio.gz"
+	compress() { gzip -6 -n; }
+fi
+
+[ -f "$init" ] || die "missing $init"
+[ -f "$module" ] || die "missing $module (the guest's virtio_blk module); run: bash .ci/setup"
+[ -x "$busybox" ] || die "missing $busybox; run: bash .ci/setup (installs busybox-static)"
+[ -x "$fio" ] || die "missing $fio; run: bash .ci/setup (installs fio)"
+command -v cpio >/dev/null || die "cpio not found; run: bash .ci/setup"
+command -v ldd >/dev/null || die "ldd not found"
+if command -v file >/dev/null && ! file -L "$busybox" | grep -q 'statically linked'; then
+	die "$busybox is not statically linked; install busybox-static (bash .ci/setup)"
+fi
+
+# The libraries fio needs (resolved by the host's loader), and the loader itself.
+ldd_out=$(ldd "$fio") || die "ldd $fio failed"
+if grep -q 'not found' <<<"$ldd_out"; then
+	die "ldd $fio: some libraries are missing on this host:
+$ldd_out"
+fi
+mapfile -t libs < <(awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$ldd_out" | sort -u)
+[ "${#libs[@]}" -gt 0 ] || die "ldd $fio listed no libraries:
+$ldd_out"
+interp=$(awk '$1 ~ /ld-linux/ { print $1; exit }' <<<"$ldd_out")
+[ -n "$interp" ] || die "ldd $fio shows no dynamic loader:
+$ldd_out"
+
+if [ -f "$out" ]; then
+	stale=0
+	for input in "$init" "$module" "$busybox" "$fio" "$0" "${libs[@]}"; do
+		[ "$input" -nt "$out" ] && stale=1
+	done
+	if [ "$stale" = 0 ]; then
+		echo "$out"
+		exit 0
+	fi
+fi
+
+stage=$(mktemp -d "$guest/initramfs-fio.XXXXXX")
+tmp_out="$stage.cpio"
+trap 'rm -rf "$stage" "$tmp_out"' EXIT
+mkdir -p "$stage/bin" "$stage/usr/bin" "$stage/lib/modules" "$stage/dev" "$stage/proc" \
+	"$stage/sys" "$stage/tmp"
+install -m 0755 "$init" "$stage/init"
+install -m 0755 "$busybox" "$stage/bin/busybox"
+install -m 0755 "$fio" "$stage/usr/bin/fio"
+install -m 0644 "$module" "$stage/lib/modules/virtio_blk.ko"
+# Each library at the path the loader found it (following symlinks for the content; /lib and
+# /lib64 are real directories in the guest, so /lib/x86_64-linux-gnu/... paths work as they are).
+for lib in "${libs[@]}"; do
+	mkdir -p "$stage$(dirname "$lib")"
+	cp -L "$lib" "$stage$lib"
+done
+[ -f "$stage$interp" ] || die "the loader $interp was not copied"
+# No /dev/console node (creating one needs root): the kernel's built-in initramfs provides it,
+# and /init mounts devtmpfs and reopens its stdio on /dev/console anyway.
+(
+	cd "$stage"
+	find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0
+) | compress >"$tmp_out"
+# Rename into place so that a concurrent reader never sees a half-written file.
+mv -f "$tmp_out" "$out"
+echo "$out"

@@ -1,0 +1,1453 @@
+//! Reconnect test with a real Linux guest: SIGKILL the backend under load, restart it, and the
+//! guest must not notice.
+//!
+//! QEMU 10 (TCG, 2 vCPUs) boots the kernel of Debian's linux-image-cloud-amd64 package with an
+//! initramfs holding busybox and fio (`tests/guest/init-reconnect`, packed by
+//! `tests/guest/mkinitramfs-fio.sh`) and one `vhost-user-blk-pci` disk with 2 queues whose
+//! chardev has `reconnect-ms`, served by `mqblk serve` from a 160 MiB raw image. The guest runs
+//! a write-and-verify workload with fio in passes: libaio, O_DIRECT, iodepth 32 per job, two
+//! jobs pinned to each vCPU (so to each queue), writes of 4 KiB to 1 MiB with a flush after every
+//! 16 writes (while one job waits for its flush, the other one's writes complete, and small
+//! writes complete before big ones: requests complete out of order, so a kill catches requests
+//! in flight behind completed ones), every block read back and verified after each pass.
+//!
+//! Meanwhile this test kills mqblk with SIGKILL `DEFAULT_KILLS` times (0.5 to 2 s apart, each
+//! time as soon as the guest shows requests in flight), starts a new mqblk on the same socket a
+//! moment later, and waits until QEMU has reconnected to it. Then it writes a stop marker into the
+//! image (the disk's last 4 KiB block), which the guest reads after each pass: it finishes the
+//! pass, verifies the whole area once more, and must finish with `RESULT PASS`: no I/O error, no
+//! hang, every block verified. This test then checks the image file from the host: the md5 of
+//! each 4 MiB chunk matches what the guest read, every 4 KiB block of the fio area holds the
+//! last pass's data for a write that covers it, everything else is zeros (but the marker). It
+//! stops the last mqblk with SIGTERM (it must exit 0) and checks the image again.
+//!
+//! A backend without in-flight tracking (VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD) fails this test:
+//! QEMU then restarts each ring from its used index, so a request that was in flight behind one
+//! that had completed is never executed again (fio waits for it forever), and the completed
+//! ones after it are executed and completed a second time (the guest's virtio driver sees "id N
+//! is not a head!" and stops using the queue). The test sees the guest stall (or that message)
+//! and fails with the kill timeline, the guest console and every backend's log.
+//!
+//! Needs what `bash .ci/setup` installs: qemu-system-x86_64, busybox-static, fio, cpio, zstd or
+//! gzip, and the guest kernel and virtio_blk module under target/guest. Without them this test
+//! fails (on purpose).
+//!
+//! Environment knobs, for development and for reproducing a failure:
+//! - `MQBLK_GUEST_SEED=N`: seed of fio's data and of the kill schedule (1..=2147483646); the
+//!   default is derived from the clock and printed, and failures print it too.
+//! - `MQBLK_RECONNECT_KILLS=N`: how many times to kill the backend (default 8; 0 runs the same
+//!   workload for `CONTROL_RUN` without kills, as a control).
+//! - `MQBLK_RECONNECT_MQBLK=PATH`: the mqblk binary to test instead of the one cargo built (for
+//!   example an older build, to see that this test catches a backend without in-flight
+//!   tracking).
+//! - `MQBLK_GUEST_KEEP=1`: keep the work directory (image, console, logs) even when the test
+//!   passes.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Image size in MiB.
+const IMAGE_MB: u64 = 160;
+const MIB: u64 = 1 << 20;
+/// Queues of the vhost-user-blk device (and of the backend's export); also the vCPUs.
+const QUEUES: usize = 2;
+/// fio jobs in the guest, two per vCPU (so per queue): while one waits for its flush, the other
+/// one's writes complete.
+const JOBS: u64 = 4;
+/// The fio area: job j writes [FIO_OFFSET_MB + j * FIO_SIZE_MB, + FIO_SIZE_MB) MiB.
+const FIO_OFFSET_MB: u64 = 1;
+const FIO_SIZE_MB: u64 = 32;
+/// Largest fio write (the guest's --bssplit), for the host's image check.
+const FIO_MAX_BS: u64 = MIB;
+/// fio's block granularity (smallest write; --bssplit) and the verify pattern's period.
+const FIO_MIN_BS: u64 = 4096;
+/// The guest fails if the test has not written the stop marker this long after the workload
+/// started.
+const WORKLOAD_MAX_S: u64 = 240;
+/// With no kills (`MQBLK_RECONNECT_KILLS=0`), how long the workload runs before the stop marker.
+const CONTROL_RUN: Duration = Duration::from_secs(15);
+/// The stop marker, at the start of the image's last 4 KiB block.
+const STOP_MARKER: &[u8] = b"MQBLK-STOP";
+/// Default number of kills, half of them burst kills. Under TCG the guest, not the backend, is
+/// the bottleneck: the backend is often idle, and a plain kill catches requests in flight behind
+/// completed ones only now and then; a burst kill nearly always does.
+const DEFAULT_KILLS: usize = 10;
+/// QEMU's reconnect interval (`reconnect-ms` of the chardev).
+const RECONNECT_MS: u64 = 250;
+/// Between kills (measured from the previous reconnect, or from the start of the workload).
+const KILL_GAP_MS: (u64, u64) = (500, 2000);
+/// How long the backend stays dead.
+const DOWN_MS: (u64, u64) = (200, 800);
+/// Burst kills (odd ones): SIGSTOP the backend for `STOP_MS` while the guest queues up requests,
+/// SIGCONT, and SIGKILL `BURST_KILL_MS` later, while it works through the whole batch.
+const STOP_MS: (u64, u64) = (200, 600);
+const BURST_KILL_MS: (u64, u64) = (5, 60);
+/// After the gap, wait up to this long for a sample with at least `BUSY_INFLIGHT` requests in
+/// flight, then go on anyway.
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+const BUSY_INFLIGHT: u64 = 8;
+/// Requests the guest must have completed before the first kill (fio is really running).
+const WARMUP_IOS: u64 = 300;
+/// Boot to the first kill.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// For QEMU to reconnect to a restarted backend.
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The guest completed no request for this long while some were in flight: it hangs.
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Whole guest run, boot to power-off (about 45-90 s under TCG on 2 busy cores).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// For the backend to create its socket.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
+/// For the backend to exit after SIGTERM.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the console and logs are polled.
+const POLL: Duration = Duration::from_millis(20);
+/// Prefix of the guest's report lines on its console.
+const MARK: &str = "MQBLK-GUEST: ";
+/// Guest kernel messages that mean the disk is broken (the console shows only warnings and
+/// worse: loglevel=4).
+const KERNEL_TROUBLE: &[&str] = &[
+    "is not a head",
+    "I/O error",
+    "virtqueue",
+    "blocked for more than",
+    "Kernel panic",
+    "BUG:",
+    "Oops",
+];
+const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
+    busybox-static, fio and the guest kernel";
+
+#[test]
+fn guest_survives_backend_sigkill_and_restart() {
+    let started = Instant::now();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guest_dir = repo.join("target/guest");
+    let kernel = guest_dir.join("vmlinuz");
+    assert!(
+        kernel.is_file(),
+        "guest kernel {} is missing: {SETUP_HINT}",
+        kernel.display()
+    );
+    let qemu_version = tool_version("qemu-system-x86_64");
+    let initramfs = build_initramfs(repo);
+    let seed = seed_from_env();
+    let kills = kills_from_env();
+    let mqblk = mqblk_from_env();
+
+    let mut run = Run::new(seed, mqblk);
+    eprintln!(
+        "guest reconnect test: {qemu_version}; backend {}; seed {seed}; {kills} kills; work dir {}",
+        run.mqblk.display(),
+        run.dir.display()
+    );
+
+    let image = fs::File::create(&run.image).expect("create the disk image");
+    image.set_len(IMAGE_MB * MIB).expect("size the disk image");
+    drop(image);
+
+    run.start_backend();
+    if let Err(e) = run.wait_for_socket() {
+        run.fail(&[e]);
+    }
+    let qemu = run.start_qemu(&kernel, &initramfs);
+    let mut watch = Watch::new(qemu, &run.console);
+
+    // The kills.
+    let mut rng = XorShift::new(seed);
+    let mut failures = Vec::new();
+    if let Err(e) = kill_and_restart(&mut run, &mut watch, &mut rng, kills) {
+        failures.push(e);
+    }
+    // Let the guest finish its workload.
+    if failures.is_empty() {
+        if let Err(e) = write_stop_marker(&run.image) {
+            failures.push(e);
+        }
+        watch.event("stop marker written".into());
+    }
+
+    // The guest finishes (or hangs).
+    if failures.is_empty() {
+        match watch.wait_for(
+            GUEST_TIMEOUT.saturating_sub(watch.elapsed()),
+            "the guest's RESULT line",
+            |w| w.result().map(|_| ()),
+        ) {
+            Ok(()) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    // After RESULT the guest powers off; give QEMU a moment to exit, then make sure it has.
+    let qemu_status = match watch.qemu.wait_timeout(Duration::from_secs(10)) {
+        Ok(Some(status)) => Some(status),
+        _ => {
+            watch.qemu.kill();
+            None
+        }
+    };
+    let guest_time = watch.elapsed();
+    watch.refresh();
+    if failures.is_empty() {
+        match qemu_status {
+            Some(s) if s.success() => {}
+            Some(s) => failures.push(format!("QEMU exited with {s}")),
+            None => failures.push("QEMU did not exit after the guest's RESULT line".into()),
+        }
+        failures.extend(check_guest_report(&watch, &run.kills));
+    }
+    if failures.is_empty() {
+        // Every write the guest saw complete must be in the file while the backend still runs,
+        // and must still be there after it has shut down.
+        let md5s = guest_md5s(&watch);
+        let passes = watch.value("workload-done", "passes").unwrap_or(0);
+        let image_before = check_image(&run.image, seed, passes, &md5s);
+        let image_ok = image_before.is_empty();
+        failures.extend(image_before);
+        failures.extend(run.stop_backend());
+        if image_ok {
+            failures.extend(
+                check_image(&run.image, seed, passes, &md5s)
+                    .into_iter()
+                    .map(|f| format!("after the backend exited: {f}")),
+            );
+        }
+    }
+
+    let summary = run.summary(&watch);
+    if !failures.is_empty() {
+        run.fail_with(&failures, &summary, &watch);
+    }
+    eprintln!(
+        "guest reconnect test: PASS (guest {:.1} s, total {:.1} s)\n{summary}",
+        guest_time.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Waits for the workload, then kills and restarts the backend `kills` times.
+fn kill_and_restart(
+    run: &mut Run,
+    watch: &mut Watch,
+    rng: &mut XorShift,
+    kills: usize,
+) -> Result<(), String> {
+    watch.wait_for(START_TIMEOUT, "the guest's workload to start", |w| {
+        w.find("workload-start")?;
+        let s = w.samples.last()?;
+        (s.ios >= WARMUP_IOS).then_some(())
+    })?;
+    let workload_started = watch.elapsed();
+    watch.event(format!(
+        "workload running (ios={})",
+        watch.samples.last().map_or(0, |s| s.ios)
+    ));
+    if kills == 0 {
+        watch.sleep(CONTROL_RUN)?;
+    }
+    for n in 1..=kills {
+        let gap = Duration::from_millis(rng.range(KILL_GAP_MS));
+        watch.sleep(gap)?;
+        if watch.find("workload-done").is_some() {
+            return Err(format!(
+                "the guest's workload ended ({:.1} s after it started) before kill {n}, without \
+                 the stop marker",
+                (watch.elapsed() - workload_started).as_secs_f64()
+            ));
+        }
+        // Kill while the guest has requests in flight: as soon as a new sample shows some (fio
+        // spends a good part of each pass starting up, under TCG).
+        let busy_since = watch.samples.len();
+        let busy_until = Instant::now() + BUSY_WAIT;
+        while Instant::now() < busy_until
+            && !(watch.samples.len() > busy_since
+                && watch
+                    .samples
+                    .last()
+                    .is_some_and(|s| s.inflight >= BUSY_INFLIGHT))
+        {
+            std::thread::sleep(POLL);
+            watch.check()?;
+        }
+        let how;
+        if n % 2 == 1 {
+            // A burst kill: stop the backend while the guest queues up requests, let it fetch
+            // them all at once and submit them in one batch (small writes complete before big
+            // ones), and kill it in the middle of that.
+            let stop = Duration::from_millis(rng.range(STOP_MS));
+            let after = Duration::from_millis(rng.range(BURST_KILL_MS));
+            run.signal_backend(libc::SIGSTOP)?;
+            watch.event(format!("kill {n}: SIGSTOP {}", run.backend_name()));
+            watch.sleep(stop)?;
+            run.signal_backend(libc::SIGCONT)?;
+            std::thread::sleep(after);
+            how = format!(
+                "burst: stopped {:.2} s, killed {} ms after SIGCONT",
+                stop.as_secs_f64(),
+                after.as_millis()
+            );
+        } else {
+            how = "plain".to_string();
+        }
+        let before = watch.samples.last().cloned();
+        let at = watch.elapsed();
+        let console_at = watch.console.len();
+        run.kill_backend();
+        let down = Duration::from_millis(rng.range(DOWN_MS));
+        run.kills.push(Kill {
+            n,
+            how: how.clone(),
+            at,
+            down,
+            reconnected: None,
+            before: before.clone(),
+            console_at,
+            console_reconnected: None,
+        });
+        watch.event(format!(
+            "kill {n} ({how}): SIGKILL {} (last guest sample: {})",
+            run.backend_name(),
+            before.as_ref().map_or("none".into(), |s| s.to_string())
+        ));
+        watch.sleep(down)?;
+        run.start_backend();
+        watch.event(format!("restart {n}: started {}", run.backend_name()));
+        run.wait_for_socket()?;
+        let log = run.backends.last().expect("just started").log.clone();
+        watch.wait_for(
+            RECONNECT_TIMEOUT,
+            "QEMU to reconnect to the restarted backend",
+            |_| {
+                read_lossy(&log)
+                    .contains("frontend connected")
+                    .then_some(())
+            },
+        )?;
+        let kill = run.kills.last_mut().expect("pushed above");
+        kill.reconnected = Some(watch.elapsed() - at);
+        kill.console_reconnected = Some(watch.console.len());
+        watch.event(format!(
+            "reconnect {n}: QEMU connected to {}",
+            run.backend_name()
+        ));
+    }
+    Ok(())
+}
+
+/// One kill and restart, as it happened.
+struct Kill {
+    n: usize,
+    /// "plain" or "burst ...".
+    how: String,
+    /// Since QEMU started.
+    at: Duration,
+    /// How long the backend stayed dead.
+    down: Duration,
+    /// When QEMU had connected to the new backend, after the kill (None: it had not).
+    reconnected: Option<Duration>,
+    /// The guest's last sample before the kill.
+    before: Option<Sample>,
+    /// Console length at the kill and at the reconnect.
+    console_at: usize,
+    console_reconnected: Option<usize>,
+}
+
+/// One line of the guest's sampler: "s t=UPTIME inflight=N ios=N".
+#[derive(Clone, Debug)]
+struct Sample {
+    t: String,
+    inflight: u64,
+    ios: u64,
+    /// Where the line starts in the console.
+    offset: usize,
+}
+
+impl std::fmt::Display for Sample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "guest t={} inflight={} ios={}",
+            self.t, self.inflight, self.ios
+        )
+    }
+}
+
+/// QEMU and its console: polled for the guest's lines, for a stall, for kernel errors.
+struct Watch {
+    qemu: Proc,
+    console_path: PathBuf,
+    started: Instant,
+    console: String,
+    /// Length of the console's complete lines parsed so far.
+    parsed: usize,
+    /// The guest's report lines: (offset in the console, text after the marker).
+    report: Vec<(usize, String)>,
+    samples: Vec<Sample>,
+    /// When `ios` last changed, and its value.
+    progress: (Instant, u64),
+    /// Timeline, for the report.
+    events: Vec<(Duration, String)>,
+}
+
+impl Watch {
+    fn new(qemu: Proc, console: &Path) -> Self {
+        Watch {
+            qemu,
+            console_path: console.to_path_buf(),
+            started: Instant::now(),
+            console: String::new(),
+            parsed: 0,
+            report: Vec::new(),
+            samples: Vec::new(),
+            progress: (Instant::now(), 0),
+            events: Vec::new(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn event(&mut self, what: String) {
+        self.events.push((self.elapsed(), what));
+    }
+
+    /// Re-reads the console and parses the complete lines that are new.
+    fn refresh(&mut self) {
+        let text = read_lossy(&self.console_path);
+        if text.len() <= self.console.len() {
+            return;
+        }
+        self.console = text;
+        let complete = self.console.rfind('\n').map_or(0, |i| i + 1);
+        let mut offset = self.parsed;
+        for line in self.console[self.parsed..complete].split_inclusive('\n') {
+            let start = offset;
+            offset += line.len();
+            let Some(i) = line.find(MARK) else { continue };
+            let text = line[i + MARK.len()..].trim().to_string();
+            if let Some(s) = parse_sample(&text, start) {
+                if s.ios != self.progress.1 {
+                    self.progress = (Instant::now(), s.ios);
+                }
+                self.samples.push(s);
+            } else {
+                self.report.push((start, text));
+            }
+        }
+        self.parsed = complete;
+    }
+
+    /// The first report line starting with `prefix`, with its offset.
+    fn find(&self, prefix: &str) -> Option<(usize, &str)> {
+        self.report
+            .iter()
+            .find(|(_, l)| l.starts_with(prefix))
+            .map(|(o, l)| (*o, l.as_str()))
+    }
+
+    /// `key=value` of the first report line starting with `prefix`.
+    fn value(&self, prefix: &str, key: &str) -> Option<u64> {
+        let (_, line) = self.find(prefix)?;
+        word_value(line, key)
+    }
+
+    fn result(&self) -> Option<&str> {
+        self.report
+            .iter()
+            .find_map(|(_, l)| l.strip_prefix("RESULT "))
+    }
+
+    /// Kernel messages on the console that mean trouble.
+    fn kernel_trouble(&self) -> Vec<&str> {
+        self.console
+            .lines()
+            .filter(|l| !l.contains(MARK) && KERNEL_TROUBLE.iter().any(|k| l.contains(k)))
+            .collect()
+    }
+
+    /// Checks QEMU, the guest's progress and its kernel; Err describes what went wrong.
+    fn check(&mut self) -> Result<(), String> {
+        self.refresh();
+        if let Some(line) = self.kernel_trouble().first().map(|l| l.to_string()) {
+            // Let the guest print the rest of the message.
+            std::thread::sleep(Duration::from_millis(500));
+            self.refresh();
+            return Err(format!("the guest kernel reported: {line}"));
+        }
+        if let Some(r) = self.result() {
+            if r != "PASS" {
+                return Err(format!("the guest reported: RESULT {r}"));
+            }
+        }
+        match self.qemu.try_wait() {
+            Ok(Some(status)) => {
+                self.refresh();
+                if self.result().is_some() {
+                    return Ok(());
+                }
+                return Err(format!(
+                    "QEMU exited ({status}) without the guest's RESULT line"
+                ));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("waiting for QEMU: {e}")),
+        }
+        if let Some(last) = self.samples.last() {
+            let still = self.progress.0.elapsed();
+            if last.inflight > 0 && still >= STALL_TIMEOUT {
+                return Err(format!(
+                    "the guest hangs: {} requests in flight and none completed for {:.0} s \
+                     (ios stuck at {}; last sample: {last})",
+                    last.inflight,
+                    still.as_secs_f64(),
+                    last.ios
+                ));
+            }
+        }
+        if self.elapsed() >= GUEST_TIMEOUT {
+            return Err(format!("the guest did not finish within {GUEST_TIMEOUT:?}"));
+        }
+        Ok(())
+    }
+
+    /// Polls until `done` gives Some; Err on trouble or after `timeout` (named `what`).
+    fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut done: impl FnMut(&Self) -> Option<T>,
+    ) -> Result<T, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check()?;
+            if let Some(v) = done(self) {
+                return Ok(v);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("timed out after {timeout:?} waiting for {what}"));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Sleeps `d`, checking on the guest meanwhile.
+    fn sleep(&mut self, d: Duration) -> Result<(), String> {
+        let end = Instant::now() + d;
+        loop {
+            self.check()?;
+            if self.result().is_some() {
+                return Err("the guest finished before the kills were done".into());
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Ok(());
+            }
+            std::thread::sleep(POLL.min(end - now));
+        }
+    }
+}
+
+fn parse_sample(text: &str, offset: usize) -> Option<Sample> {
+    let rest = text.strip_prefix("s ")?;
+    let t = rest
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("t="))?
+        .to_string();
+    Some(Sample {
+        t,
+        inflight: word_value(rest, "inflight")?,
+        ios: word_value(rest, "ios")?,
+        offset,
+    })
+}
+
+/// The number in a `key=N` word of `line`.
+fn word_value(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Checks the guest's report after RESULT PASS; returns what is wrong.
+fn check_guest_report(w: &Watch, kills: &[Kill]) -> Vec<String> {
+    let mut failures = Vec::new();
+    let results: Vec<&str> = w
+        .report
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("RESULT "))
+        .collect();
+    match results.as_slice() {
+        ["PASS"] => {}
+        [] => return vec!["the guest printed no RESULT line (it crashed or hung)".into()],
+        [one] => return vec![format!("the guest reported: RESULT {one}")],
+        many => return vec![format!("the guest printed several RESULT lines: {many:?}")],
+    }
+    match w.value("queues=", "queues") {
+        Some(q) if q == QUEUES as u64 => {}
+        Some(q) => failures.push(format!(
+            "the guest saw {q} queues on vda, expected {QUEUES}"
+        )),
+        None => failures.push("the guest did not report its queue count".into()),
+    }
+    let area_sectors = JOBS * FIO_SIZE_MB * MIB / 512;
+    let passes = w.value("workload-done", "passes").unwrap_or(0);
+    if passes < 2 {
+        failures.push(format!(
+            "the guest ran {passes} fio passes, expected at least 2"
+        ));
+    }
+    for p in 1..=passes {
+        let prefix = format!("pass {p} done ");
+        match w.find(&prefix) {
+            Some((_, line)) => {
+                // Every block written once and read back once (more is fine: the kernel may
+                // split nothing, but fio never writes less than the area).
+                for key in ["wsect", "rsect"] {
+                    match word_value(line, key) {
+                        Some(n) if n >= area_sectors => {}
+                        other => failures.push(format!(
+                            "pass {p}: {key}={other:?}, expected at least {area_sectors} \
+                             (the whole fio area)"
+                        )),
+                    }
+                }
+                if word_value(line, "flushes").unwrap_or(0) == 0 {
+                    failures.push(format!("pass {p}: the guest sent no flush request"));
+                }
+            }
+            None => failures.push(format!("no `pass {p} done` line from the guest")),
+        }
+    }
+    if w.find("stop-seen").is_none() {
+        failures.push("the guest did not report that it saw the stop marker".into());
+    }
+    match w.find("final-verify OK") {
+        Some((_, line)) => match word_value(line, "rsect") {
+            Some(n) if n >= area_sectors => {}
+            other => failures.push(format!(
+                "final verify read rsect={other:?}, expected at least {area_sectors}"
+            )),
+        },
+        None => failures.push("no `final-verify OK` line from the guest".into()),
+    }
+    match w.find("dmesg-io-errors") {
+        Some((_, "dmesg-io-errors 0")) => {}
+        Some((_, line)) => failures.push(format!("the guest reported {line}")),
+        None => failures.push("the guest did not report its kernel's I/O errors".into()),
+    }
+    // Every kill must have caught the workload running.
+    if let Some((done_at, _)) = w.find("workload-done") {
+        for k in kills {
+            if k.console_at > done_at {
+                failures.push(format!(
+                    "kill {} came after the guest's workload had ended",
+                    k.n
+                ));
+            }
+        }
+    }
+    failures
+}
+
+/// The guest's "md5 LBA COUNT HEX" lines.
+fn guest_md5s(w: &Watch) -> Vec<(u64, u64, String)> {
+    w.report
+        .iter()
+        .filter_map(|(_, l)| {
+            let mut it = l.strip_prefix("md5 ")?.split_whitespace();
+            let lba = it.next()?.parse().ok()?;
+            let count = it.next()?.parse().ok()?;
+            let hex = it.next()?.to_string();
+            Some((lba, count, hex))
+        })
+        .collect()
+}
+
+/// Checks the image file: the guest's md5s, the last pass's pattern over the fio area, the stop
+/// marker, zeros elsewhere.
+fn check_image(image: &Path, seed: u64, passes: u64, md5s: &[(u64, u64, String)]) -> Vec<String> {
+    let data = match fs::read(image) {
+        Ok(d) => d,
+        Err(e) => return vec![format!("reading the image {}: {e}", image.display())],
+    };
+    if data.len() as u64 != IMAGE_MB * MIB {
+        return vec![format!(
+            "the image is {} bytes, expected {}",
+            data.len(),
+            IMAGE_MB * MIB
+        )];
+    }
+    let mut failures = Vec::new();
+    // The guest's view of each chunk of the fio area, as md5s.
+    let chunks = JOBS * FIO_SIZE_MB / 4;
+    if md5s.len() as u64 != chunks {
+        failures.push(format!(
+            "the guest printed {} md5 lines, expected {chunks}",
+            md5s.len()
+        ));
+    }
+    for (lba, count, want) in md5s {
+        let (start, len) = ((lba * 512) as usize, (count * 512) as usize);
+        let Some(slice) = data.get(start..start + len) else {
+            failures.push(format!(
+                "guest md5 of LBA {lba}+{count} is outside the image"
+            ));
+            continue;
+        };
+        match md5_hex(slice) {
+            Ok(got) if &got == want => {}
+            Ok(got) => failures.push(format!(
+                "image LBA {lba}+{count}: md5 {got}, the guest read {want}"
+            )),
+            Err(e) => failures.push(e),
+        }
+    }
+    // Block by block.
+    let area = (
+        FIO_OFFSET_MB * MIB,
+        (FIO_OFFSET_MB + JOBS * FIO_SIZE_MB) * MIB,
+    );
+    let mut bad_zero = (0u64, None);
+    let mut bad_pattern = (0u64, None);
+    for b in (0..IMAGE_MB * MIB).step_by(FIO_MIN_BS as usize) {
+        let block = &data[b as usize..(b + FIO_MIN_BS) as usize];
+        if b == STOP_BLOCK {
+            let mut want = vec![0u8; FIO_MIN_BS as usize];
+            want[..STOP_MARKER.len()].copy_from_slice(STOP_MARKER);
+            if block != want.as_slice() {
+                failures.push(format!(
+                    "the stop block at byte offset {b} holds something else than the marker"
+                ));
+            }
+        } else if b < area.0 || b >= area.1 {
+            if block.iter().any(|&x| x != 0) {
+                bad_zero.0 += 1;
+                bad_zero.1.get_or_insert(b);
+            }
+        } else if let Err(e) = check_pattern_block(block, b, seed, passes) {
+            bad_pattern.0 += 1;
+            bad_pattern.1.get_or_insert(format!("byte offset {b}: {e}"));
+        }
+    }
+    if let (n, Some(first)) = bad_zero {
+        failures.push(format!(
+            "{n} blocks of 4 KiB outside the fio area are not zeros (first at byte offset {first})"
+        ));
+    }
+    if let (n, Some(first)) = bad_pattern {
+        failures.push(format!(
+            "{n} blocks of 4 KiB of the fio area do not hold pass {passes}'s data (first: {first})"
+        ));
+    }
+    failures
+}
+
+/// A 4 KiB block of the fio area at byte offset `b` must be fio's verify pattern of pass
+/// `pass` (tests/guest/init-reconnect, fio_run): 16-byte records, seed and pass as big-endian
+/// u32, then the byte offset of the write that covered the block as a little-endian u64; that
+/// write starts at most `FIO_MAX_BS` before the block, on a 4 KiB boundary, in the same job's
+/// region.
+fn check_pattern_block(block: &[u8], b: u64, seed: u64, pass: u64) -> Result<(), String> {
+    let mut tag = [0u8; 8];
+    tag[..4].copy_from_slice(&(seed as u32).to_be_bytes());
+    tag[4..].copy_from_slice(&(pass as u32).to_be_bytes());
+    if block[..8] != tag {
+        return Err(format!(
+            "tag {:02x?}, expected {:02x?} (seed {seed}, pass {pass})",
+            &block[..8],
+            tag
+        ));
+    }
+    let o = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes"));
+    let region = (b - FIO_OFFSET_MB * MIB) / (FIO_SIZE_MB * MIB);
+    let region_start = FIO_OFFSET_MB * MIB + region * FIO_SIZE_MB * MIB;
+    if o > b || b - o >= FIO_MAX_BS || o % FIO_MIN_BS != 0 || o < region_start {
+        return Err(format!("write offset {o} cannot cover this block"));
+    }
+    if let Some(i) = block
+        .chunks(16)
+        .position(|r| r[..8] != tag || r[8..] != o.to_le_bytes())
+    {
+        return Err(format!("record {i} differs from the block's first"));
+    }
+    Ok(())
+}
+
+/// Byte offset of the stop marker's block: the image's last 4 KiB.
+const STOP_BLOCK: u64 = IMAGE_MB * MIB - FIO_MIN_BS;
+
+/// Writes the stop marker into the image (the backend reads it with O_DIRECT, which writes the
+/// page cache back first; sync_data makes sure anyway).
+fn write_stop_marker(image: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .map_err(|e| format!("opening the image to write the stop marker: {e}"))?;
+    f.write_all_at(STOP_MARKER, STOP_BLOCK)
+        .and_then(|()| f.sync_data())
+        .map_err(|e| format!("writing the stop marker: {e}"))
+}
+
+/// md5 of `data` as hex, by md5sum(1) (coreutils).
+fn md5_hex(data: &[u8]) -> Result<String, String> {
+    let mut child = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run md5sum: {e}"))?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin
+            .write_all(data)
+            .map_err(|e| format!("writing to md5sum: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for md5sum: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "md5sum failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| "md5sum printed nothing".into())
+}
+
+const PARK_MILLER_M: u64 = 2_147_483_647;
+
+fn seed_from_env() -> u64 {
+    match std::env::var("MQBLK_GUEST_SEED") {
+        Ok(s) => {
+            let seed: u64 = s
+                .parse()
+                .unwrap_or_else(|e| panic!("MQBLK_GUEST_SEED={s:?}: {e}"));
+            assert!(
+                (1..PARK_MILLER_M - 1).contains(&seed),
+                "MQBLK_GUEST_SEED={seed}: must be in 1..={}",
+                PARK_MILLER_M - 2
+            );
+            seed
+        }
+        Err(_) => {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            (nanos ^ (u64::from(std::process::id()) << 20)) % (PARK_MILLER_M - 2) + 1
+        }
+    }
+}
+
+fn kills_from_env() -> usize {
+    match std::env::var("MQBLK_RECONNECT_KILLS") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|e| panic!("MQBLK_RECONNECT_KILLS={s:?}: {e}")),
+        Err(_) => DEFAULT_KILLS,
+    }
+}
+
+fn mqblk_from_env() -> PathBuf {
+    match std::env::var_os("MQBLK_RECONNECT_MQBLK") {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            assert!(
+                p.is_file(),
+                "MQBLK_RECONNECT_MQBLK={}: no such file",
+                p.display()
+            );
+            p
+        }
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_mqblk")),
+    }
+}
+
+/// xorshift64*, for the kill schedule (reproducible from the seed).
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(seed: u64) -> Self {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [lo, hi].
+    fn range(&mut self, (lo, hi): (u64, u64)) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+/// First line of `tool --version`; panics with the setup hint when the tool is missing.
+fn tool_version(tool: &str) -> String {
+    match Command::new(tool)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or(tool)
+            .to_string(),
+        Ok(out) => panic!(
+            "`{tool} --version` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("cannot run {tool}: {e}; {SETUP_HINT}"),
+    }
+}
+
+/// Runs tests/guest/mkinitramfs-fio.sh (a no-op when its output is up to date); returns the
+/// path.
+fn build_initramfs(repo: &Path) -> PathBuf {
+    let script = repo.join("tests/guest/mkinitramfs-fio.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        path.is_file(),
+        "{} printed {path:?}, which is not a file",
+        script.display()
+    );
+    path
+}
+
+/// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that
+/// a failing test leaves no QEMU or backend behind.
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Proc {
+    fn spawn(name: String, cmd: &mut Command) -> Self {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}; {SETUP_HINT}"));
+        Proc { name, child }
+    }
+
+    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.child.try_wait()
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    fn wait_timeout(&mut self, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) -> io::Result<()> {
+        let pid = libc::pid_t::try_from(self.child.id())
+            .map_err(|_| io::Error::other("pid out of range"))?;
+        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
+        // reaped (we only reap it through `self.child`), so it cannot name another process.
+        if unsafe { libc::kill(pid, sig) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// SIGKILL and reap (a no-op when it has exited already).
+    fn kill(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            if let Err(e) = self.child.kill() {
+                eprintln!("guest reconnect test: killing {}: {e}", self.name);
+            }
+            // SIGKILL cannot be caught, so this wait is bounded.
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One mqblk process (an incarnation of the backend).
+struct Backend {
+    proc: Proc,
+    log: PathBuf,
+}
+
+/// The files and processes of one test run, in a temporary directory, which is deleted at the
+/// end unless the test failed.
+struct Run {
+    tmp: Option<tempfile::TempDir>,
+    keep: bool,
+    dir: PathBuf,
+    seed: u64,
+    mqblk: PathBuf,
+    image: PathBuf,
+    socket: PathBuf,
+    console: PathBuf,
+    qemu_log: PathBuf,
+    backends: Vec<Backend>,
+    kills: Vec<Kill>,
+}
+
+impl Run {
+    fn new(seed: u64, mqblk: PathBuf) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("mqblk-reconnect.")
+            .tempdir()
+            .expect("create a temporary directory for the image and socket");
+        let dir = tmp.path();
+        let socket = dir.join("vub.sock");
+        // sun_path holds 108 bytes, and mqblk's `--export` takes comma-separated keys.
+        assert!(
+            socket.as_os_str().len() < 100,
+            "socket path {} is too long for a unix socket; set TMPDIR to a shorter directory",
+            socket.display()
+        );
+        assert!(
+            !dir.to_string_lossy().contains(','),
+            "temporary directory {} contains a comma; set TMPDIR to another directory",
+            dir.display()
+        );
+        Run {
+            dir: dir.to_path_buf(),
+            keep: std::env::var_os("MQBLK_GUEST_KEEP").is_some_and(|v| v == "1"),
+            seed,
+            mqblk,
+            image: dir.join("disk.img"),
+            socket,
+            console: dir.join("console.log"),
+            qemu_log: dir.join("qemu.log"),
+            backends: Vec::new(),
+            kills: Vec::new(),
+            tmp: Some(tmp),
+        }
+    }
+
+    fn log_file(&self, path: &Path) -> fs::File {
+        fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
+    }
+
+    fn backend_name(&self) -> String {
+        match self.backends.last() {
+            Some(b) => format!("{} (pid {})", b.proc.name, b.proc.child.id()),
+            None => "no backend".into(),
+        }
+    }
+
+    /// Starts a new mqblk serving `self.image` on `self.socket` (replacing a stale socket),
+    /// its output to backend-N.log.
+    fn start_backend(&mut self) {
+        let n = self.backends.len();
+        let log_path = self.dir.join(format!("backend-{n}.log"));
+        let log = self.log_file(&log_path);
+        let log2 = log.try_clone().expect("duplicate the backend log's fd");
+        let mut cmd = Command::new(&self.mqblk);
+        // The log goes to a file, which is printed when the test fails: no ANSI colours.
+        cmd.env("NO_COLOR", "1");
+        cmd.arg("serve").arg("--export").arg(format!(
+            "socket={},path={},queues={QUEUES},direct=off",
+            self.socket.display(),
+            self.image.display()
+        ));
+        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
+        let proc = Proc::spawn(format!("mqblk #{n}"), &mut cmd);
+        self.backends.push(Backend {
+            proc,
+            log: log_path,
+        });
+    }
+
+    fn signal_backend(&mut self, sig: libc::c_int) -> Result<(), String> {
+        let b = self.backends.last().expect("a backend was started");
+        b.proc
+            .signal(sig)
+            .map_err(|e| format!("sending signal {sig} to {}: {e}", b.proc.name))
+    }
+
+    fn kill_backend(&mut self) {
+        if let Some(b) = self.backends.last_mut() {
+            b.proc.kill();
+        }
+    }
+
+    /// Waits until the current backend listens on the socket; fails early if it exits.
+    fn wait_for_socket(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + SOCKET_TIMEOUT;
+        let b = self.backends.last_mut().expect("a backend was started");
+        loop {
+            // A stale socket of a killed backend is there too: also wait for the log line.
+            let listening = fs::metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket())
+                && read_lossy(&b.log).contains("export ready");
+            if listening {
+                return Ok(());
+            }
+            match b.proc.try_wait() {
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "{} exited ({status}) before listening on {}",
+                        b.proc.name,
+                        self.socket.display()
+                    ))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("waiting for {}: {e}", b.proc.name)),
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} did not listen on {} within {SOCKET_TIMEOUT:?}",
+                    b.proc.name,
+                    self.socket.display()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Sends SIGTERM to the current backend and expects a clean exit (status 0).
+    fn stop_backend(&mut self) -> Vec<String> {
+        let Some(b) = self.backends.last_mut() else {
+            return vec!["no backend to stop".into()];
+        };
+        let name = b.proc.name.clone();
+        match b.proc.try_wait() {
+            Ok(Some(status)) => {
+                return vec![format!(
+                    "{name} exited on its own ({status}) before the test sent SIGTERM"
+                )]
+            }
+            Ok(None) => {}
+            Err(e) => return vec![format!("checking on {name}: {e}")],
+        }
+        if let Err(e) = b.proc.signal(libc::SIGTERM) {
+            return vec![format!("sending SIGTERM to {name}: {e}")];
+        }
+        match b.proc.wait_timeout(EXIT_TIMEOUT) {
+            Ok(Some(status)) if status.success() => vec![],
+            Ok(Some(status)) => vec![format!("{name} exited with {status} after SIGTERM")],
+            Ok(None) => {
+                b.proc.kill();
+                vec![format!(
+                    "{name} did not exit within {EXIT_TIMEOUT:?} of SIGTERM (killed it)"
+                )]
+            }
+            Err(e) => vec![format!("waiting for {name} after SIGTERM: {e}")],
+        }
+    }
+
+    /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
+    fn start_qemu(&self, kernel: &Path, initramfs: &Path) -> Proc {
+        let log = self.log_file(&self.qemu_log);
+        let log2 = log.try_clone().expect("duplicate the QEMU log's fd");
+        let append = format!(
+            "console=ttyS0 panic=-1 loglevel=4 mqblk.seed={} mqblk.expect_queues={QUEUES} \
+             mqblk.jobs={JOBS} mqblk.fio_offset_mb={FIO_OFFSET_MB} \
+             mqblk.fio_size_mb={FIO_SIZE_MB} mqblk.workload_max_s={WORKLOAD_MAX_S}",
+            self.seed
+        );
+        let args: Vec<(&str, String)> = vec![
+            ("-nodefaults", String::new()),
+            ("-no-user-config", String::new()),
+            ("-accel", "tcg".into()),
+            // SSE4.2 and friends: fio and the kernel use them where they can.
+            ("-cpu", "max".into()),
+            ("-smp", QUEUES.to_string()),
+            ("-m", "512M".into()),
+            // vhost-user needs guest memory that the backend can map: a shared memfd.
+            (
+                "-object",
+                "memory-backend-memfd,id=mem,size=512M,share=on".into(),
+            ),
+            ("-machine", "q35,memory-backend=mem".into()),
+            // reconnect-ms: when the backend goes away, QEMU retries the socket at this
+            // interval and, once connected, sets the device up again (with the in-flight
+            // region, where the backend offers VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
+            (
+                "-chardev",
+                format!(
+                    "socket,id=vub0,path={},reconnect-ms={RECONNECT_MS}",
+                    self.socket.display()
+                ),
+            ),
+            (
+                "-device",
+                format!("vhost-user-blk-pci,chardev=vub0,num-queues={QUEUES}"),
+            ),
+            ("-display", "none".into()),
+            ("-monitor", "none".into()),
+            ("-serial", format!("file:{}", self.console.display())),
+            ("-no-reboot", String::new()),
+            ("-kernel", kernel.display().to_string()),
+            ("-initrd", initramfs.display().to_string()),
+            ("-append", append),
+        ];
+        let mut cmd = Command::new("qemu-system-x86_64");
+        for (opt, value) in args {
+            cmd.arg(opt);
+            if !value.is_empty() {
+                cmd.arg(value);
+            }
+        }
+        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
+        Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
+    }
+
+    /// Kills, in flight, durations: printed on success and on failure.
+    fn summary(&self, w: &Watch) -> String {
+        let mut s = String::new();
+        let workload = match (w.find("workload-start"), w.find("workload-done")) {
+            (Some((_, a)), Some((_, b))) => match (guest_t(a), guest_t(b)) {
+                (Some(a), Some(b)) => format!("{:.1} s", b - a),
+                _ => "?".into(),
+            },
+            (Some(_), None) => "did not finish".into(),
+            _ => "did not start".into(),
+        };
+        let passes = w.value("workload-done", "passes");
+        let flushes: u64 = (1..=passes.unwrap_or(0))
+            .filter_map(|p| w.value(&format!("pass {p} done "), "flushes"))
+            .sum();
+        s.push_str(&format!(
+            "  kills done: {}; fio passes: {} ({flushes} flushes); workload (guest time): \
+             {workload}; QEMU ran {:.1} s\n",
+            self.kills.len(),
+            passes.map_or("?".into(), |p| p.to_string()),
+            w.elapsed().as_secs_f64()
+        ));
+        for k in &self.kills {
+            let reconnected_at = k.console_reconnected.unwrap_or(usize::MAX);
+            // Samples taken while the backend was down: the requests stuck in flight.
+            let stuck = w
+                .samples
+                .iter()
+                .filter(|s| s.offset >= k.console_at && s.offset < reconnected_at)
+                .map(|s| s.inflight)
+                .max();
+            let after = w
+                .samples
+                .iter()
+                .find(|s| s.offset >= reconnected_at)
+                .map(|s| s.ios);
+            // The backend started after this kill logs what it resubmitted, per queue.
+            let resubmitted: Option<u64> = self.backends.get(k.n).and_then(|b| {
+                let counts: Vec<u64> = read_lossy(&b.log)
+                    .lines()
+                    .filter_map(|l| word_value(l, "resubmitted"))
+                    .collect();
+                (!counts.is_empty()).then(|| counts.iter().sum())
+            });
+            s.push_str(&format!(
+                "  kill {} ({}) at +{:.2} s: guest in flight just before: {}; while down: {}; \
+                 backend resubmitted: {}; down {:.2} s; {}; guest ios after: {}\n",
+                k.n,
+                k.how,
+                k.at.as_secs_f64(),
+                k.before
+                    .as_ref()
+                    .map_or("?".into(), |b| format!("{} (ios={})", b.inflight, b.ios)),
+                stuck.map_or("no sample".into(), |n| format!("up to {n}")),
+                resubmitted.map_or("none logged".into(), |n| n.to_string()),
+                k.down.as_secs_f64(),
+                k.reconnected
+                    .map_or("QEMU did not reconnect".into(), |d| format!(
+                        "reconnected {:.2} s after the kill",
+                        d.as_secs_f64()
+                    )),
+                after.map_or("none".into(), |n| n.to_string()),
+            ));
+        }
+        // What each restarted backend said about the requests it resubmitted, if anything.
+        for (i, b) in self.backends.iter().enumerate().skip(1) {
+            for line in read_lossy(&b.log).lines().filter(|l| {
+                let l = l.to_ascii_lowercase();
+                l.contains("resubmit") || l.contains("inflight")
+            }) {
+                s.push_str(&format!("  backend-{i}: {line}\n"));
+            }
+        }
+        s
+    }
+
+    /// Panics with `failures` and everything needed to debug them; keeps the work directory.
+    fn fail_with(&mut self, failures: &[String], summary: &str, w: &Watch) -> ! {
+        let mut msg = String::from("guest reconnect test failed:\n");
+        for f in failures {
+            msg.push_str(&format!("  - {f}\n"));
+        }
+        msg.push_str(&format!("----- kills -----\n{summary}"));
+        msg.push_str("----- timeline (since QEMU started) -----\n");
+        for (at, what) in &w.events {
+            msg.push_str(&format!("  +{:.2} s {what}\n", at.as_secs_f64()));
+        }
+        // The console without most sampler lines (they are in the file).
+        let console = read_lossy(&self.console);
+        let lines: Vec<&str> = console.lines().collect();
+        let last_samples: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains(&format!("{MARK}s t=")))
+            .map(|(i, _)| i)
+            .collect();
+        let keep_from = last_samples
+            .len()
+            .saturating_sub(15)
+            .min(last_samples.len());
+        let keep: std::collections::HashSet<usize> =
+            last_samples[keep_from..].iter().copied().collect();
+        let filtered: Vec<&str> = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| !l.contains(&format!("{MARK}s t=")) || keep.contains(i))
+            .map(|(_, l)| *l)
+            .collect();
+        msg.push_str(&format!(
+            "----- guest console ({}; sampler lines but the last 15 left out) -----\n{}\n",
+            self.console.display(),
+            tail(&filtered.join("\n"), 120)
+        ));
+        msg.push_str(&format!(
+            "----- QEMU output ({}) -----\n{}\n",
+            self.qemu_log.display(),
+            tail(&read_lossy(&self.qemu_log), 40)
+        ));
+        for (i, b) in self.backends.iter().enumerate() {
+            msg.push_str(&format!(
+                "----- backend {i} log ({}) -----\n{}\n",
+                b.log.display(),
+                tail(&read_lossy(&b.log), 30)
+            ));
+        }
+        msg.push_str(&format!(
+            "----- end; seed {} (rerun with MQBLK_GUEST_SEED={}); image and logs kept in {} -----",
+            self.seed,
+            self.seed,
+            self.dir.display()
+        ));
+        self.keep = true;
+        panic!("{msg}");
+    }
+
+    /// Fails before QEMU has started.
+    fn fail(&mut self, failures: &[String]) -> ! {
+        let mut msg = String::from("guest reconnect test failed:\n");
+        for f in failures {
+            msg.push_str(&format!("  - {f}\n"));
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            msg.push_str(&format!(
+                "----- backend {i} log ({}) -----\n{}\n",
+                b.log.display(),
+                tail(&read_lossy(&b.log), 30)
+            ));
+        }
+        self.keep = true;
+        panic!("{msg}");
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // Processes first (Proc's drop kills them), then the directory.
+        self.backends.clear();
+        if let Some(tmp) = self.tmp.take() {
+            if self.keep {
+                let _ = tmp.keep();
+            }
+        }
+    }
+}
+
+/// The `t=` value of a report line, as seconds of guest uptime.
+fn guest_t(line: &str) -> Option<f64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("t="))
+        .and_then(|v| v.parse().ok())
+}
+
+fn read_lossy(path: &Path) -> String {
+    match fs::read(path) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).replace('\r', ""),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => "<not created>".to_string(),
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let skip = lines.len().saturating_sub(n);
+    let mut out = String::new();
+    if skip > 0 {
+        out.push_str(&format!("[... {skip} lines left out ...]\n"));
+    }
+    out.push_str(&lines[skip..].join("\n"));
+    out
+}
+
+/// The host's image check must accept what the guest's fio writes and reject what it does not.
+#[test]
+fn pattern_check_accepts_fio_records_only() {
+    let (seed, pass) = (123_456u64, 3u64);
+    let record = |o: u64| {
+        let mut r = Vec::new();
+        r.extend_from_slice(&(seed as u32).to_be_bytes());
+        r.extend_from_slice(&(pass as u32).to_be_bytes());
+        r.extend_from_slice(&o.to_le_bytes());
+        r
+    };
+    let block = |o: u64| record(o).repeat(FIO_MIN_BS as usize / 16);
+    let b = FIO_OFFSET_MB * MIB + 8 * FIO_MIN_BS;
+    // Written by a write starting at b, or up to 1 MiB before it.
+    assert_eq!(check_pattern_block(&block(b), b, seed, pass), Ok(()));
+    assert_eq!(
+        check_pattern_block(&block(b - 8 * FIO_MIN_BS), b, seed, pass),
+        Ok(())
+    );
+    // An earlier pass, another seed, a write that cannot cover it, a torn block.
+    assert!(check_pattern_block(&block(b), b, seed, pass - 1).is_err());
+    assert!(check_pattern_block(&block(b), b, seed + 1, pass).is_err());
+    assert!(check_pattern_block(&block(b + FIO_MIN_BS), b, seed, pass).is_err());
+    assert!(check_pattern_block(&block(b - 2), b, seed, pass).is_err());
+    let mut torn = block(b);
+    torn[2048..].copy_from_slice(&block(b - FIO_MIN_BS)[2048..]);
+    assert!(check_pattern_block(&torn, b, seed, pass).is_err());
+    // A write in job 0's region cannot cover a block of job 1's.
+    let b1 = (FIO_OFFSET_MB + FIO_SIZE_MB) * MIB;
+    assert!(check_pattern_block(&block(b1 - FIO_MIN_BS), b1, seed, pass).is_err());
+    assert_eq!(check_pattern_block(&block(b1), b1, seed, pass), Ok(()));
+}
