@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod blk;
 pub mod client;
 pub mod config;

@@ -81,6 +81,10 @@ enum Cmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Benchmark mqblk's thread mappings against qemu-storage-daemon and host-native fio:
+    /// starts each backend itself, runs every point interleaved across repeats, prints a table
+    /// and writes results.json, report.md and iops.png.
+    Bench(mqblk::bench::BenchArgs),
 }
 
 fn init_logging(level: &str) -> Result<(), String> {
@@ -171,6 +175,12 @@ fn main() -> ExitCode {
                 dir,
             };
             mqblk::demo::run(&opts).map_err(|e| format!("{e:#}"))
+        })(),
+        Cmd::Bench(args) => (|| {
+            let opts = mqblk::bench::BenchOptions::from_args(&args)?;
+            init_logging("warn")?;
+            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            mqblk::bench::bench(&opts, &command).map_err(|e| format!("{e:#}"))
         })(),
     };
     match result {

@@ -1,0 +1,96 @@
+//! `mqblk bench` end to end on a tiny configuration: it starts `mqblk serve` itself, drives it
+//! with the built-in client, stops it, and writes results.json, report.md and iops.png.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mqblk");
+
+#[test]
+fn bench_runs_a_tiny_null_configuration_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(BIN)
+        .args([
+            "bench",
+            "--backend",
+            "mqblk",
+            "--engine",
+            "null",
+            "--mode",
+            "per-queue",
+            "--workloads",
+            "randread-4k",
+            "--jobs",
+            "1",
+            "--iodepth",
+            "8",
+            "--runtime",
+            "0.5",
+            "--repeat",
+            "1",
+            "--size",
+            "64M",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("mqblk per-queue"), "{stdout}");
+
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 1, "{text}");
+    let p = &points[0];
+    assert_eq!(p["backend"], "mqblk");
+    assert_eq!(p["mode"], "per-queue");
+    assert_eq!(p["jobs"], 1);
+    let s = &p["samples"][0];
+    assert!(s["error"].is_null(), "{s}");
+    let ios = s["ios"].as_u64().unwrap();
+    assert!(ios > 0, "{s}");
+    assert!(s["iops"].as_f64().unwrap() > 0.0, "{s}");
+    // The backend's own numbers came back: CPU from /proc, counters from --stats-file.
+    assert!(s["backend_cpu_s"].as_f64().is_some(), "{s}");
+    assert!(s["peak_rss_kib"].as_u64().unwrap() > 0, "{s}");
+    let requests = s["mqblk"]["requests"].as_u64().unwrap();
+    assert!(
+        requests >= ios,
+        "backend counted {requests} requests, client {ios}"
+    );
+    assert!(
+        p["summary"]["iops"]["median"].as_f64().unwrap() > 0.0,
+        "{p}"
+    );
+
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| mqblk per-queue | 1 |"), "{md}");
+    let png = std::fs::read(out.join("iops.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn bench_rejects_bad_arguments_before_running_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(BIN)
+        .args(["bench", "--mode", "per-thread", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("per-thread") && err.contains("per-queue"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("out").exists(),
+        "nothing is written on a usage error"
+    );
+}
