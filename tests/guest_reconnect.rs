@@ -75,20 +75,20 @@ const STOP_MARKER: &[u8] = b"MQBLK-STOP";
 /// Default number of kills, half of them burst kills. Under TCG the guest, not the backend, is
 /// the bottleneck: the backend is often idle, and a plain kill catches requests in flight behind
 /// completed ones only now and then; a burst kill nearly always does.
-const DEFAULT_KILLS: usize = 10;
+const DEFAULT_KILLS: usize = 20;
 /// QEMU's reconnect interval (`reconnect-ms` of the chardev).
-const RECONNECT_MS: u64 = 250;
+const RECONNECT_MS: u64 = 100;
 /// Between kills (measured from the previous reconnect, or from the start of the workload).
-const KILL_GAP_MS: (u64, u64) = (500, 2000);
+const KILL_GAP_MS: (u64, u64) = (200, 1000);
 /// How long the backend stays dead.
-const DOWN_MS: (u64, u64) = (200, 800);
+const DOWN_MS: (u64, u64) = (100, 400);
 /// Burst kills (odd ones): SIGSTOP the backend for `STOP_MS` while the guest queues up requests,
 /// SIGCONT, and SIGKILL `BURST_KILL_MS` later, while it works through the whole batch.
-const STOP_MS: (u64, u64) = (200, 600);
-const BURST_KILL_MS: (u64, u64) = (5, 60);
+const STOP_MS: (u64, u64) = (100, 400);
+const BURST_KILL_MS: (u64, u64) = (2, 40);
 /// After the gap, wait up to this long for a sample with at least `BUSY_INFLIGHT` requests in
 /// flight, then go on anyway.
-const BUSY_WAIT: Duration = Duration::from_secs(5);
+const BUSY_WAIT: Duration = Duration::from_secs(3);
 const BUSY_INFLIGHT: u64 = 8;
 /// Requests the guest must have completed before the first kill (fio is really running).
 const WARMUP_IOS: u64 = 300;
@@ -1081,7 +1081,7 @@ impl Run {
         // The log goes to a file, which is printed when the test fails: no ANSI colours.
         cmd.env("NO_COLOR", "1");
         cmd.arg("serve").arg("--export").arg(format!(
-            "socket={},path={},queues={QUEUES},direct=off",
+            "socket={},path={},queues={QUEUES}",
             self.socket.display(),
             self.image.display()
         ));

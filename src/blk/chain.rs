@@ -49,7 +49,11 @@ impl<M: GuestMemory + ?Sized> Iterator for ChainWalker<'_, M> {
         if desc.refers_to_indirect_table() {
             // VIRTIO 2.7.5.3.1: no nested indirect tables; the table is whole descriptors.
             let len = desc.len();
-            if self.indirect || len == 0 || !len.is_multiple_of(16) || len / 16 > u32::from(u16::MAX) {
+            if self.indirect
+                || len == 0
+                || !len.is_multiple_of(16)
+                || len / 16 > u32::from(u16::MAX)
+            {
                 self.ttl = 0;
                 return None;
             }
