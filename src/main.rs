@@ -21,7 +21,7 @@ SPEC is key=value pairs separated by commas:
   readonly=on|off        default off; advertises VIRTIO_BLK_F_RO and refuses writes
   direct=on|off          O_DIRECT (default on)
   serial=STRING          answer to GET_ID (at most 20 bytes)
-  poll=off|on|adaptive   busy-poll the rings while busy, guest notifications suppressed (default adaptive)
+  poll=off|on|adaptive   busy-poll the rings while busy, guest notifications suppressed (default: adaptive with cpus=, else off)
   poll-max-us=N          longest poll window in microseconds (default 32; 0 turns polling off)
   batch-wait-us=N        under heavy load, wait up to N us to grow a batch before submitting (default 0: off)
   merge=on|off           merge adjacent requests of a queue into one host I/O (default on)
@@ -84,7 +84,7 @@ enum Cmd {
     /// Benchmark mqblk's thread mappings against qemu-storage-daemon and host-native fio:
     /// starts each backend itself, runs every point interleaved across repeats, prints a table
     /// and writes results.json, report.md and iops.png.
-    Bench(mqblk::bench::BenchArgs),
+    Bench(Box<mqblk::bench::BenchArgs>),
 }
 
 fn init_logging(level: &str) -> Result<(), String> {
@@ -179,7 +179,10 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => (|| {
             let opts = mqblk::bench::BenchOptions::from_args(&args)?;
             init_logging("warn")?;
-            let command = std::env::args().collect::<Vec<_>>().join(" ");
+            let command = std::env::args()
+                .map(|a| mqblk::bench::shell_quote(&a))
+                .collect::<Vec<_>>()
+                .join(" ");
             mqblk::bench::bench(&opts, &command).map_err(|e| format!("{e:#}"))
         })(),
     };

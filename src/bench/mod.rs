@@ -599,6 +599,20 @@ impl fmt::Display for Stat {
     }
 }
 
+/// `arg` as a POSIX shell word: as is when that is unambiguous, else single-quoted (so that a
+/// recorded command line, empty `--mqblk-opts ''` included, can be pasted back).
+pub fn shell_quote(arg: &str) -> String {
+    let plain = !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./,=:+@%".contains(c));
+    if plain {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
 /// Runs `mqblk bench`: every point, interleaved; prints the table; writes the reports.
 /// Fails if any sample failed (after writing what was measured).
 pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
@@ -819,6 +833,15 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!(o.label(&p[0]), "mqblk per-queue [poll=off]");
         assert_eq!(o.label(&p[1]), "mqblk per-queue [defaults]");
+    }
+
+    #[test]
+    fn shell_words() {
+        assert_eq!(shell_quote("--mqblk-opts"), "--mqblk-opts");
+        assert_eq!(shell_quote("poll=off,merge=off"), "poll=off,merge=off");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
 
     #[test]

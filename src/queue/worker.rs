@@ -57,7 +57,10 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            poll: PollMode::Adaptive,
+            // Adaptive polling pays only when the I/O thread has a CPU of its own: on shared
+            // CPUs the spin delays the very client it waits for (docs/PERFORMANCE.md measured
+            // poll=off 42% ahead at iodepth 1 on 2 vCPUs). The config turns it on with cpus=.
+            poll: PollMode::Off,
             poll_max_us: 32,
             batch_wait_us: 0,
             merge: true,
