@@ -731,6 +731,17 @@ impl Worker {
                     });
                     self.arm_kick(local);
                     self.resubmit(local, &resubmit);
+                    // With in-flight tracking this may be a restart after a crash: requests the
+                    // previous backend completed may never have been signalled (it died with the
+                    // notification still queued), and the guest, waiting, will not kick. One
+                    // spurious interrupt is harmless; a lost one hangs the guest.
+                    if let Some(Some(q)) = self.queues.get(local) {
+                        if q.track.is_some() {
+                            if let Some(call) = q.call.as_ref() {
+                                let _ = nix_write_one(call);
+                            }
+                        }
+                    }
                     tracing::debug!(queue = index, resubmitted = resubmit.len(), "queue started");
                 }
                 Command::Stop { local, reply } => match self.queues.get_mut(local) {
