@@ -25,7 +25,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Image size in 512-byte sectors (64 MiB).
@@ -41,6 +41,10 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Prefix of the guest's report lines on its console.
 const MARK: &str = "MQBLK-GUEST: ";
+#[path = "support/proc.rs"]
+mod proc;
+use proc::Proc;
+
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static and the guest kernel";
 
@@ -217,65 +221,6 @@ fn build_initramfs(repo: &Path) -> PathBuf {
 
 /// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that
 /// a failing test leaves no QEMU or backend behind.
-struct Proc {
-    name: &'static str,
-    child: Child,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, cmd: &mut Command) -> Self {
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}; {SETUP_HINT}"));
-        Proc { name, child }
-    }
-
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.child.try_wait()
-    }
-
-    /// Waits up to `timeout` for the process to exit.
-    fn wait_timeout(&mut self, timeout: Duration) -> io::Result<Option<ExitStatus>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(Some(status));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) -> io::Result<()> {
-        let pid = libc::pid_t::try_from(self.child.id())
-            .map_err(|_| io::Error::other("pid out of range"))?;
-        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
-        // reaped (we only reap it through `self.child`), so it cannot name another process.
-        if unsafe { libc::kill(pid, sig) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            if let Err(e) = self.child.kill() {
-                eprintln!("guest test: killing {}: {e}", self.name);
-            }
-            // SIGKILL cannot be caught, so this wait is bounded.
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// The files of one test run, all in a temporary directory, which is deleted at the end unless
 /// the test failed.
@@ -365,7 +310,7 @@ impl Run {
             BackendKind::Mqblk => "mqblk",
             BackendKind::Qsd => "qemu-storage-daemon",
         };
-        Proc::spawn(name, &mut cmd)
+        Proc::spawn(name.into(), &mut cmd)
     }
 
     /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
@@ -412,7 +357,7 @@ impl Run {
             }
         }
         cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
-        Proc::spawn("qemu-system-x86_64", &mut cmd)
+        Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
     }
 
     fn console(&self) -> String {
@@ -511,7 +456,7 @@ fn wait_for_socket(server: &mut Proc, socket: &Path) -> Result<(), String> {
 
 /// Sends SIGTERM to the backend and expects a clean exit (status 0) within `EXIT_TIMEOUT`.
 fn stop_backend(server: &mut Proc) -> Vec<String> {
-    let name = server.name;
+    let name = server.name.clone();
     match server.try_wait() {
         Ok(Some(status)) => {
             return vec![format!(

@@ -55,7 +55,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Image size in MiB.
@@ -127,6 +127,10 @@ const KERNEL_TROUBLE: &[&str] = &[
     "BUG:",
     "Oops",
 ];
+#[path = "support/proc.rs"]
+mod proc;
+use proc::Proc;
+
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static, fio and the guest kernel";
 
@@ -949,66 +953,6 @@ fn build_initramfs(repo: &Path) -> PathBuf {
 
 /// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that
 /// a failing test leaves no QEMU or backend behind.
-struct Proc {
-    name: String,
-    child: Child,
-}
-
-impl Proc {
-    fn spawn(name: String, cmd: &mut Command) -> Self {
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}; {SETUP_HINT}"));
-        Proc { name, child }
-    }
-
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.child.try_wait()
-    }
-
-    /// Waits up to `timeout` for the process to exit.
-    fn wait_timeout(&mut self, timeout: Duration) -> io::Result<Option<ExitStatus>> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(Some(status));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) -> io::Result<()> {
-        let pid = libc::pid_t::try_from(self.child.id())
-            .map_err(|_| io::Error::other("pid out of range"))?;
-        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
-        // reaped (we only reap it through `self.child`), so it cannot name another process.
-        if unsafe { libc::kill(pid, sig) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
-
-    /// SIGKILL and reap (a no-op when it has exited already).
-    fn kill(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            if let Err(e) = self.child.kill() {
-                eprintln!("guest reconnect test: killing {}: {e}", self.name);
-            }
-            // SIGKILL cannot be caught, so this wait is bounded.
-            let _ = self.child.wait();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// One mqblk process (an incarnation of the backend).
 struct Backend {
