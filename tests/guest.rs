@@ -43,7 +43,7 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 const MARK: &str = "MQBLK-GUEST: ";
 #[path = "support/proc.rs"]
 mod proc;
-use proc::Proc;
+use proc::{build_initramfs, tool_version, Proc};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static and the guest kernel";
@@ -60,7 +60,7 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
         kernel.display()
     );
     let qemu_version = tool_version("qemu-system-x86_64");
-    let initramfs = build_initramfs(repo);
+    let initramfs = build_initramfs(repo, "tests/guest/mkinitramfs.sh");
     let backend = BackendKind::from_env();
     let seed = seed_from_env();
 
@@ -172,51 +172,6 @@ fn seed_from_env() -> u64 {
             (nanos ^ (u64::from(std::process::id()) << 20)) % (PARK_MILLER_M - 2) + 1
         }
     }
-}
-
-/// First line of `tool --version`; panics with the setup hint when the tool is missing.
-fn tool_version(tool: &str) -> String {
-    match Command::new(tool)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()
-            .unwrap_or(tool)
-            .to_string(),
-        Ok(out) => panic!(
-            "`{tool} --version` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => panic!("cannot run {tool}: {e}; {SETUP_HINT}"),
-    }
-}
-
-/// Runs tests/guest/mkinitramfs.sh (a no-op when its output is up to date); returns the path.
-fn build_initramfs(repo: &Path) -> PathBuf {
-    let script = repo.join("tests/guest/mkinitramfs.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        path.is_file(),
-        "{} printed {path:?}, which is not a file",
-        script.display()
-    );
-    path
 }
 
 /// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that

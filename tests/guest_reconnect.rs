@@ -129,7 +129,7 @@ const KERNEL_TROUBLE: &[&str] = &[
 ];
 #[path = "support/proc.rs"]
 mod proc;
-use proc::Proc;
+use proc::{build_initramfs, tool_version, Proc};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static, fio and the guest kernel";
@@ -146,7 +146,7 @@ fn guest_survives_backend_sigkill_and_restart() {
         kernel.display()
     );
     let qemu_version = tool_version("qemu-system-x86_64");
-    let initramfs = build_initramfs(repo);
+    let initramfs = build_initramfs(repo, "tests/guest/mkinitramfs-fio.sh");
     let seed = seed_from_env();
     let kills = kills_from_env();
     let mqblk = mqblk_from_env();
@@ -904,55 +904,6 @@ impl XorShift {
         lo + self.next() % (hi - lo + 1)
     }
 }
-
-/// First line of `tool --version`; panics with the setup hint when the tool is missing.
-fn tool_version(tool: &str) -> String {
-    match Command::new(tool)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-    {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()
-            .unwrap_or(tool)
-            .to_string(),
-        Ok(out) => panic!(
-            "`{tool} --version` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => panic!("cannot run {tool}: {e}; {SETUP_HINT}"),
-    }
-}
-
-/// Runs tests/guest/mkinitramfs-fio.sh (a no-op when its output is up to date); returns the
-/// path.
-fn build_initramfs(repo: &Path) -> PathBuf {
-    let script = repo.join("tests/guest/mkinitramfs-fio.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        path.is_file(),
-        "{} printed {path:?}, which is not a file",
-        script.display()
-    );
-    path
-}
-
-/// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that
-/// a failing test leaves no QEMU or backend behind.
 
 /// One mqblk process (an incarnation of the backend).
 struct Backend {

@@ -1,9 +1,10 @@
 #![allow(dead_code)]
-//! A child process of a guest test (QEMU or a backend), killed when dropped. Shared by
-//! `tests/guest.rs` and `tests/guest_reconnect.rs` through `#[path]`.
+//! What the QEMU guest tests share (`tests/guest.rs` and `tests/guest_reconnect.rs`, through
+//! `#[path]`): child processes killed when dropped, tool checks, and the initramfs build.
 
 use std::io;
-use std::process::{Child, Command, ExitStatus};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// Appended to "cannot start" messages.
@@ -69,4 +70,50 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// First line of `tool --version`; panics with the setup hint when the tool is missing.
+pub fn tool_version(tool: &str) -> String {
+    match Command::new(tool)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or(tool)
+            .to_string(),
+        Ok(out) => panic!(
+            "`{tool} --version` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("cannot run {tool}: {e}; {START_HINT}"),
+    }
+}
+
+/// Runs an initramfs build script (`rel`, relative to the repository; a no-op when its output is
+/// up to date) and returns the path it prints.
+pub fn build_initramfs(repo: &Path, rel: &str) -> PathBuf {
+    let script = repo.join(rel);
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{}",
+        script.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        path.is_file(),
+        "{} printed {path:?}, which is not a file",
+        script.display()
+    );
+    path
 }
