@@ -74,7 +74,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
     /// Extra export keys for mqblk, e.g. poll=off,merge=off. Repeat the option to compare
-    /// variants in one run (an empty value is the defaults).
+    /// variants in one run (an empty value is the defaults). `bin=PATH` among them runs that
+    /// variant with another mqblk executable (compare two builds in one run).
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
     /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on

@@ -18,8 +18,10 @@ pub struct MqblkCounters {
     pub requests: u64,
     /// Requests that failed.
     pub errors: u64,
-    /// io_uring_enter calls that submitted something.
+    /// io_uring_enter calls that carried at least one I/O request.
     pub submits: u64,
+    /// io_uring_enter calls of any kind (submissions, waits).
+    pub enters: u64,
     /// Requests handed to the engine.
     pub submitted: u64,
     /// Guest notifications (call eventfd writes).
@@ -44,6 +46,8 @@ pub struct MqblkCounters {
     pub notifies_per_io: Option<f64>,
     /// kicks / requests.
     pub kicks_per_io: Option<f64>,
+    /// enters / requests: the I/O threads' io_uring_enter syscalls per I/O.
+    pub enters_per_io: Option<f64>,
 }
 
 impl MqblkCounters {
@@ -54,6 +58,7 @@ impl MqblkCounters {
         self.merges_per_io = per(self.merges, self.requests);
         self.notifies_per_io = per(self.notifies, self.requests);
         self.kicks_per_io = per(self.kicks, self.requests);
+        self.enters_per_io = per(self.enters, self.requests);
     }
 }
 
@@ -130,6 +135,8 @@ pub struct Summary {
     pub merges_per_io: Option<Stat>,
     /// mqblk: guest notifications per I/O.
     pub notifies_per_io: Option<Stat>,
+    /// mqblk: io_uring_enter syscalls per I/O.
+    pub enters_per_io: Option<Stat>,
 }
 
 impl Summary {
@@ -156,6 +163,7 @@ impl Summary {
             reqs_per_submit: st(&|s| s.mqblk.as_ref().and_then(|m| m.reqs_per_submit)),
             merges_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.merges_per_io)),
             notifies_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.notifies_per_io)),
+            enters_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.enters_per_io)),
         }
     }
 }
@@ -358,7 +366,7 @@ impl BenchResults {
             );
             let _ = writeln!(
                 s,
-                "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
+                "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
                 "series",
                 "jobs",
                 "IOPS",
@@ -370,7 +378,8 @@ impl BenchResults {
                 "tot s/MIO",
                 "RSS MiB",
                 "req/sub",
-                "notif/IO"
+                "notif/IO",
+                "sys/IO"
             );
             for p in pts {
                 let m = &p.summary;
@@ -384,7 +393,7 @@ impl BenchResults {
                     .unwrap_or_else(|| "FAILED".into());
                 let _ = writeln!(
                     s,
-                    "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
+                    "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
                     p.label,
                     p.config.jobs,
                     iops,
@@ -397,6 +406,7 @@ impl BenchResults {
                     med(&m.peak_rss_mib, 1),
                     med(&m.reqs_per_submit, 1),
                     med(&m.notifies_per_io, 3),
+                    med(&m.enters_per_io, 3),
                 );
             }
         }
@@ -448,7 +458,8 @@ impl BenchResults {
              as the client sees it. CPU is the backend process's user+system time (from \
              /proc/PID/stat) per million I/Os; *total* adds the client's (for native fio: fio's \
              own). RSS is the backend's VmHWM; RssAnon the largest sampled during the run. \
-             req/submit, merges/I/O and notif/I/O are mqblk's own counters. *others' CPU* is the CPU \
+             req/submit (requests per io_uring_enter that carried I/O), merges/I/O, notif/I/O and \
+             syscalls/I/O (the I/O threads' io_uring_enter calls of any kind) are mqblk's own counters. *others' CPU* is the CPU \
              that other processes used meanwhile (from /proc/stat, in % of all CPUs): where it is \
              high, the point was disturbed.\n"
         );
@@ -456,11 +467,11 @@ impl BenchResults {
             let _ = writeln!(s, "## {w}, iodepth {qd}\n");
             let _ = writeln!(
                 s,
-                "| series | jobs | IOPS | MB/s | p50 µs | p99 µs | p99.9 µs | CPU s/M I/O | total CPU s/M I/O | peak RSS MiB | RssAnon MiB | req/submit | merges/I/O | notif/I/O | others' CPU % |"
+                "| series | jobs | IOPS | MB/s | p50 µs | p99 µs | p99.9 µs | CPU s/M I/O | total CPU s/M I/O | peak RSS MiB | RssAnon MiB | req/submit | merges/I/O | notif/I/O | syscalls/I/O | others' CPU % |"
             );
             let _ = writeln!(
                 s,
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for p in pts {
                 let m = &p.summary;
@@ -470,7 +481,7 @@ impl BenchResults {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     p.label,
                     p.config.jobs,
                     if m.samples == 0 {
@@ -489,6 +500,7 @@ impl BenchResults {
                     c(&m.reqs_per_submit, 1),
                     c(&m.merges_per_io, 3),
                     c(&m.notifies_per_io, 3),
+                    c(&m.enters_per_io, 3),
                     c(&m.others_cpu_pct, 0),
                 );
             }

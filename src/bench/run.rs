@@ -275,12 +275,19 @@ impl<'a> RunEnv<'a> {
             }
             _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
         }
-        let extra = &o.mqblk_opts[p.variant];
-        if !extra.is_empty() {
-            spec.push(',');
-            spec.push_str(extra);
+        // `bin=PATH` picks the mqblk executable for this variant (A/B of two builds in one
+        // run); every other key goes to the export.
+        let mut bin = o.mqblk_bin.clone();
+        for kv in o.mqblk_opts[p.variant].split(',').filter(|k| !k.is_empty()) {
+            match kv.strip_prefix("bin=") {
+                Some(path) => bin = PathBuf::from(path),
+                None => {
+                    spec.push(',');
+                    spec.push_str(kv);
+                }
+            }
         }
-        let mut cmd = Command::new(&o.mqblk_bin);
+        let mut cmd = Command::new(&bin);
         cmd.arg("serve")
             .arg("--export")
             .arg(spec)
@@ -651,6 +658,7 @@ pub fn parse_stats(text: &str) -> anyhow::Result<MqblkCounters> {
         c.errors += g("errors");
         c.submits += g("submits");
         c.submitted += g("submitted");
+        c.enters += g("enters");
         c.notifies += g("notifies");
         c.merges += g("merges");
         c.kicks += g("kicks");

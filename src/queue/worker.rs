@@ -136,8 +136,10 @@ pub struct WorkerStats {
     pub requests: AtomicU64,
     /// Requests that completed with IOERR or UNSUPP, or were dropped.
     pub errors: AtomicU64,
-    /// io_uring_enter calls that submitted at least one request.
+    /// io_uring_enter calls that carried at least one I/O request to the engine.
     pub submits: AtomicU64,
+    /// io_uring_enter calls of any kind (submissions, waits, notification-only submits).
+    pub enters: AtomicU64,
     /// Requests submitted to the engine.
     pub submitted: AtomicU64,
     /// Guest notifications sent.
@@ -163,6 +165,7 @@ struct LocalStats {
     requests: u64,
     errors: u64,
     submits: u64,
+    enters: u64,
     submitted: u64,
     notifies: u64,
     bytes: u64,
@@ -179,6 +182,7 @@ impl LocalStats {
         s.requests.store(self.requests, Ordering::Relaxed);
         s.errors.store(self.errors, Ordering::Relaxed);
         s.submits.store(self.submits, Ordering::Relaxed);
+        s.enters.store(self.enters, Ordering::Relaxed);
         s.submitted.store(self.submitted, Ordering::Relaxed);
         s.notifies.store(self.notifies, Ordering::Relaxed);
         s.bytes.store(self.bytes, Ordering::Relaxed);
@@ -400,6 +404,11 @@ struct Worker {
     shutdown: bool,
     log: RateLimit,
     queued_sqes: u32,
+    /// Engine I/O entries among `queued_sqes`.
+    queued_io: u32,
+    /// Flags of the guest-notification writes: no completion entry when they succeed (where
+    /// the kernel can), so a notification never wakes this thread by itself.
+    notify_flags: squeue::Flags,
     tuning: Tuning,
     batch: BatchPolicy,
     poll: PollPolicy,
@@ -418,6 +427,11 @@ impl Worker {
         // Every in-flight request, kick poll+read and notification fits at once.
         let want = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
         let ring = IoUring::builder().setup_cqsize(want * 4).build(want)?;
+        let notify_flags = if ring.params().is_feature_skip_cqe_on_success() {
+            squeue::Flags::SKIP_SUCCESS
+        } else {
+            squeue::Flags::empty()
+        };
         let mut w = Worker {
             ring,
             engine,
@@ -444,6 +458,8 @@ impl Worker {
             shutdown: false,
             log: RateLimit::new(),
             queued_sqes: 0,
+            queued_io: 0,
+            notify_flags,
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,
@@ -462,6 +478,7 @@ impl Worker {
             if room >= n {
                 return;
             }
+            self.record_submit();
             match self.ring.submit() {
                 Ok(_) => {}
                 Err(e)
@@ -471,6 +488,7 @@ impl Worker {
                     ) =>
                 {
                     // Completion queue backlog: let the kernel flush it on the next wait.
+                    self.local_stats.enters += 1;
                     let _ = self.ring.submitter().submit_and_wait(0);
                 }
                 Err(e) => {
@@ -478,8 +496,6 @@ impl Worker {
                     std::thread::yield_now();
                 }
             }
-            self.local_stats.submits += 1;
-            self.queued_sqes = 0;
         }
     }
 
@@ -535,16 +551,25 @@ impl Worker {
             if self.shutdown && self.queues.iter().all(|q| q.is_none()) && self.inflight() == 0 {
                 break;
             }
-            self.submit_now();
             // Poll while it pays: guest notifications stay suppressed, and completions are
-            // reaped from the completion ring without a syscall.
-            if self.poll_for_work() {
-                continue;
+            // reaped from the completion ring without a syscall. What is queued goes out first.
+            if self.poll.window_ns() > 0 {
+                self.submit_now();
+                if self.poll_for_work() {
+                    continue;
+                }
             }
             // Going to sleep: ask the guest for notifications again, and look once more so a
             // request that raced with that is not left waiting for a kick that never comes.
             if self.enable_notifications() {
+                self.submit_now();
                 continue;
+            }
+            // One syscall submits what is queued (I/O, guest notifications) and sleeps.
+            if self.queued_sqes > 0 {
+                self.record_submit();
+            } else {
+                self.local_stats.enters += 1;
             }
             let slept = Instant::now();
             match self.ring.submit_and_wait(1) {
@@ -581,9 +606,14 @@ impl Worker {
         }
     }
 
+    /// Accounts for an io_uring_enter that hands over everything queued.
     fn record_submit(&mut self) {
-        self.local_stats.submits += 1;
+        self.local_stats.enters += 1;
+        if self.queued_io > 0 {
+            self.local_stats.submits += 1;
+        }
         self.queued_sqes = 0;
+        self.queued_io = 0;
     }
 
     /// Busy-polls the avail rings and the completion ring for up to the poll window.
@@ -788,7 +818,13 @@ impl Worker {
                 // Publish what completed before stopping.
                 if q.used_added {
                     if let Some(mem) = self.mem.as_deref() {
-                        if notify_queue(&mut self.ring, &mut self.local_stats, &mut q, mem) {
+                        if notify_queue(
+                            &mut self.ring,
+                            &mut self.local_stats,
+                            &mut q,
+                            mem,
+                            self.notify_flags,
+                        ) {
                             self.queued_sqes += 1;
                         }
                     }
@@ -1146,7 +1182,10 @@ impl Worker {
         let op = self.op_of(&self.slots[lead as usize], merged);
         self.local_stats.submitted += run.len() as u64;
         match self.engine.prepare(&op) {
-            Some(sqe) => self.push(sqe.user_data(ud(TAG_IO, u64::from(lead)))),
+            Some(sqe) => {
+                self.push(sqe.user_data(ud(TAG_IO, u64::from(lead))));
+                self.queued_io += 1;
+            }
             None => {
                 // Completed at once (null engine): reads return zeros.
                 let res = run.iter().map(|&i| self.slots[i as usize].len).sum::<u64>();
@@ -1169,6 +1208,7 @@ impl Worker {
                     // ZERO_RANGE refused (e.g. tmpfs): punching a hole also reads back zeros.
                     self.slots[lead as usize].retried = true;
                     self.push(sqe.user_data(ud(TAG_IO, u64::from(lead))));
+                    self.queued_io += 1;
                     return;
                 }
             }
@@ -1263,7 +1303,15 @@ impl Worker {
         };
         let mut queued = 0;
         for q in self.queues.iter_mut().flatten() {
-            if q.used_added && notify_queue(&mut self.ring, &mut self.local_stats, q, &mem) {
+            if q.used_added
+                && notify_queue(
+                    &mut self.ring,
+                    &mut self.local_stats,
+                    q,
+                    &mem,
+                    self.notify_flags,
+                )
+            {
                 queued += 1;
             }
         }
@@ -1306,6 +1354,7 @@ fn notify_queue(
     stats: &mut LocalStats,
     q: &mut ActiveQueue,
     mem: &Mem,
+    flags: squeue::Flags,
 ) -> bool {
     q.used_added = false;
     let needed = q.queue.needs_notification(mem).unwrap_or(true);
@@ -1319,6 +1368,7 @@ fn notify_queue(
         8,
     )
     .build()
+    .flags(flags)
     .user_data(ud(TAG_NOP, 1));
     // SAFETY: `ONE` is static; the call file is kept open by the kernel for the request.
     if unsafe { ring.submission().push(&sqe) }.is_ok() {
