@@ -22,7 +22,7 @@ pub const MAX_SERIAL_LEN: usize = 20;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// An unknown key.
-    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial, poll, poll-max-us, batch-wait-us, merge)")]
+    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial, poll, poll-max-us, batch-wait-us, merge, fixed-files, fixed-buffers, sqpoll-idle-ms)")]
     UnknownKey(String),
     /// A key given without `=value`.
     #[error("'{0}' has no value: write {0}=VALUE")]
@@ -187,6 +187,9 @@ pub struct RawExport {
     poll_max_us: Option<toml::Value>,
     batch_wait_us: Option<toml::Value>,
     merge: Option<toml::Value>,
+    fixed_files: Option<toml::Value>,
+    fixed_buffers: Option<toml::Value>,
+    sqpoll_idle_ms: Option<toml::Value>,
 }
 
 fn value_str(v: &toml::Value) -> String {
@@ -233,6 +236,9 @@ impl RawExport {
                 "poll-max-us" => slot_val(&mut raw.poll_max_us)?,
                 "batch-wait-us" => slot_val(&mut raw.batch_wait_us)?,
                 "merge" => slot_val(&mut raw.merge)?,
+                "fixed-files" => slot_val(&mut raw.fixed_files)?,
+                "fixed-buffers" => slot_val(&mut raw.fixed_buffers)?,
+                "sqpoll-idle-ms" => slot_val(&mut raw.sqpoll_idle_ms)?,
                 "size" => slot_val(&mut raw.size)?,
                 "queues" => slot_val(&mut raw.queues)?,
                 "queue-size" => slot_val(&mut raw.queue_size)?,
@@ -427,6 +433,21 @@ impl RawExport {
         if let Some(v) = &self.merge {
             tuning.merge = parse_bool("merge", &value_str(v))?;
         }
+        if let Some(v) = &self.fixed_files {
+            tuning.fixed_files = parse_bool("fixed-files", &value_str(v))?;
+        }
+        if let Some(v) = &self.fixed_buffers {
+            tuning.fixed_buffers = parse_bool("fixed-buffers", &value_str(v))?;
+        }
+        if let Some(n) = int(
+            "sqpoll-idle-ms",
+            &self.sqpoll_idle_ms,
+            "an integer from 0 to 10000 (milliseconds; 0 disables SQPOLL)",
+            0,
+            10_000,
+        )? {
+            tuning.sqpoll_idle_ms = n as u32;
+        }
         if tuning.poll_max_us == 0 {
             tuning.poll = PollMode::Off;
         }
@@ -549,6 +570,17 @@ mod tests {
             (c.tuning.poll_max_us, c.tuning.batch_wait_us, c.tuning.merge),
             (100, 8, false)
         );
+        let c =
+            parse_export_spec("socket=s,path=p,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5")
+                .unwrap();
+        assert_eq!(
+            (
+                c.tuning.fixed_files,
+                c.tuning.fixed_buffers,
+                c.tuning.sqpoll_idle_ms
+            ),
+            (false, true, 5)
+        );
         assert_eq!(
             parse_export_spec("socket=s,path=p").unwrap().tuning,
             Tuning::default()
@@ -596,6 +628,10 @@ mod tests {
         assert!(e("socket=s,path=p,poll-max-us=x").contains("poll-max-us"));
         assert!(e("socket=s,path=p,batch-wait-us=5000").contains("batch-wait-us"));
         assert!(e("socket=s,path=p,merge=2").contains("merge"));
+        assert!(e("socket=s,path=p,fixed-files=maybe").contains("fixed-files"));
+        assert!(e("socket=s,path=p,fixed-buffers=1x").contains("fixed-buffers"));
+        assert!(e("socket=s,path=p,sqpoll-idle-ms=-1").contains("sqpoll-idle-ms"));
+        assert!(e("socket=s,path=p,sqpoll-idle-ms=20000").contains("0 to 10000"));
     }
 
     #[test]

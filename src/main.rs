@@ -25,6 +25,9 @@ SPEC is key=value pairs separated by commas:
   poll-max-us=N          longest poll window in microseconds (default 32; 0 turns polling off)
   batch-wait-us=N        under heavy load, wait up to N us to grow a batch before submitting (default 0: off)
   merge=on|off           merge adjacent requests of a queue into one host I/O (default on)
+  fixed-files=on|off     register the backing file with each io_uring (default on)
+  fixed-buffers=on|off   register guest memory as io_uring fixed buffers; pins it (default off)
+  sqpoll-idle-ms=N       kernel SQ polling thread per I/O thread, idle after N ms (default 0: off)
 
 Thread mappings: queues=1,threads=1 is baseline; queues=N,threads=1 is mq;
 queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).

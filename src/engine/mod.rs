@@ -25,6 +25,8 @@ pub enum Op {
         iovs: *const libc::iovec,
         /// Number of iovecs.
         iovcnt: u32,
+        /// The io_uring registered buffer holding the single iovec, if there is one.
+        buf_index: Option<u16>,
     },
     /// Write the iovecs at `offset`; `sync` asks for write-through (RWF_DSYNC).
     Write {
@@ -36,6 +38,8 @@ pub enum Op {
         iovcnt: u32,
         /// Durable before completion (write-through cache mode).
         sync: bool,
+        /// The io_uring registered buffer holding the single iovec, if there is one.
+        buf_index: Option<u16>,
     },
     /// Make completed writes durable (fdatasync).
     Flush,
@@ -71,6 +75,11 @@ pub trait Engine: Send + Sync {
     /// True for the null engine, whose reads must be answered with zeros by the caller.
     fn is_null(&self) -> bool {
         false
+    }
+    /// The descriptor every entry of this engine names, if it has one. A worker may register
+    /// it with its ring as fixed-file slot `fd` and then mark the entries `IOSQE_FIXED_FILE`.
+    fn file_fd(&self) -> Option<RawFd> {
+        None
     }
     /// The retry for a write-zeroes whose ZERO_RANGE the store refused (EOPNOTSUPP): a punched
     /// hole, which also reads back as zeros. `None` when there is no fallback.
@@ -138,13 +147,42 @@ impl Engine for UringEngine {
             Op::Read {
                 offset,
                 iovs,
+                iovcnt: 1,
+                buf_index: Some(index),
+            } => {
+                // SAFETY: the caller's iovec array has one element (iovcnt), valid until the
+                // completion like every iovec it hands over.
+                let iov = unsafe { *iovs };
+                opcode::ReadFixed::new(fd, iov.iov_base as *mut u8, iov.iov_len as u32, index)
+                    .offset(offset)
+                    .build()
+            }
+            Op::Write {
+                offset,
+                iovs,
+                iovcnt: 1,
+                sync,
+                buf_index: Some(index),
+            } => {
+                // SAFETY: as for the read above.
+                let iov = unsafe { *iovs };
+                opcode::WriteFixed::new(fd, iov.iov_base as *const u8, iov.iov_len as u32, index)
+                    .offset(offset)
+                    .rw_flags(if sync { libc::RWF_DSYNC } else { 0 })
+                    .build()
+            }
+            Op::Read {
+                offset,
+                iovs,
                 iovcnt,
+                ..
             } => opcode::Readv::new(fd, iovs, iovcnt).offset(offset).build(),
             Op::Write {
                 offset,
                 iovs,
                 iovcnt,
                 sync,
+                ..
             } => opcode::Writev::new(fd, iovs, iovcnt)
                 .offset(offset)
                 .rw_flags(if sync { libc::RWF_DSYNC } else { 0 })
@@ -168,6 +206,9 @@ impl Engine for UringEngine {
                     .build()
             }
         })
+    }
+    fn file_fd(&self) -> Option<RawFd> {
+        Some(self.file.as_raw_fd())
     }
     fn fallback_punch(&self, op: &Op) -> Option<squeue::Entry> {
         match *op {

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use io_uring::{opcode, squeue, types, IoUring};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::blk::chain::ChainWalker;
@@ -52,6 +52,15 @@ pub struct Tuning {
     pub batch_wait_us: u32,
     /// Merge adjacent requests into one host I/O.
     pub merge: bool,
+    /// Register the engine's file with each I/O thread's ring (IOSQE_FIXED_FILE): no
+    /// reference count on the shared `struct file` per I/O.
+    pub fixed_files: bool,
+    /// Register guest memory with each ring as fixed buffers: single-segment reads and writes
+    /// use READ_FIXED/WRITE_FIXED and skip pinning pages per I/O. Pins all guest memory.
+    pub fixed_buffers: bool,
+    /// A kernel submission-queue polling thread per ring (IORING_SETUP_SQPOLL), idle after
+    /// this many milliseconds (0: off).
+    pub sqpoll_idle_ms: u32,
 }
 
 impl Default for Tuning {
@@ -64,6 +73,9 @@ impl Default for Tuning {
             poll_max_us: 32,
             batch_wait_us: 0,
             merge: true,
+            fixed_files: true,
+            fixed_buffers: false,
+            sqpoll_idle_ms: 0,
         }
     }
 }
@@ -158,6 +170,10 @@ pub struct WorkerStats {
     pub sleeps: AtomicU64,
     /// Batch waits under heavy load.
     pub batch_waits: AtomicU64,
+    /// Host I/Os issued on a registered buffer (READ_FIXED/WRITE_FIXED).
+    pub fixed_buf_ios: AtomicU64,
+    /// Host I/Os issued on the registered (fixed) file.
+    pub fixed_file_ios: AtomicU64,
 }
 
 #[derive(Default)]
@@ -175,6 +191,8 @@ struct LocalStats {
     poll_misses: u64,
     sleeps: u64,
     batch_waits: u64,
+    fixed_buf_ios: u64,
+    fixed_file_ios: u64,
 }
 
 impl LocalStats {
@@ -192,6 +210,9 @@ impl LocalStats {
         s.poll_misses.store(self.poll_misses, Ordering::Relaxed);
         s.sleeps.store(self.sleeps, Ordering::Relaxed);
         s.batch_waits.store(self.batch_waits, Ordering::Relaxed);
+        s.fixed_buf_ios.store(self.fixed_buf_ios, Ordering::Relaxed);
+        s.fixed_file_ios
+            .store(self.fixed_file_ios, Ordering::Relaxed);
     }
 }
 
@@ -409,6 +430,10 @@ struct Worker {
     /// Flags of the guest-notification writes: no completion entry when they succeed (where
     /// the kernel can), so a notification never wakes this thread by itself.
     notify_flags: squeue::Flags,
+    /// The engine's file is registered as fixed-file slot (its descriptor number).
+    fixed_file: bool,
+    /// Guest memory registered as fixed buffers: `(host start, host end)` by buffer index.
+    bufs: Vec<(usize, usize)>,
     tuning: Tuning,
     batch: BatchPolicy,
     poll: PollPolicy,
@@ -426,7 +451,13 @@ impl Worker {
         let nq = cfg.queue_sizes.len();
         // Every in-flight request, kick poll+read and notification fits at once.
         let want = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
-        let ring = IoUring::builder().setup_cqsize(want * 4).build(want)?;
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(want * 4);
+        if cfg.tuning.sqpoll_idle_ms > 0 {
+            builder.setup_sqpoll(cfg.tuning.sqpoll_idle_ms);
+        }
+        let ring = builder.build(want)?;
+        let fixed_file = cfg.tuning.fixed_files && register_file(&ring, engine.file_fd());
         let notify_flags = if ring.params().is_feature_skip_cqe_on_success() {
             squeue::Flags::SKIP_SUCCESS
         } else {
@@ -460,6 +491,8 @@ impl Worker {
             queued_sqes: 0,
             queued_io: 0,
             notify_flags,
+            fixed_file,
+            bufs: Vec::new(),
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,
@@ -849,6 +882,7 @@ impl Worker {
         if self.pending_mem.is_some() && self.inflight() == 0 {
             let (mem, reply) = self.pending_mem.take().expect("checked");
             self.mem = mem;
+            self.register_mem();
             let _ = reply.send(());
             for q in self.queues.iter_mut().flatten() {
                 q.pending = true;
@@ -1073,17 +1107,23 @@ impl Worker {
     fn op_of(&self, slot: &Slot, merged: bool) -> Op {
         let iovs = if merged { &slot.miovs } else { &slot.iovs };
         let (ptr, cnt) = (iovs.as_ptr(), iovs.len() as u32);
+        let buf_index = match iovs.as_slice() {
+            [one] if !self.bufs.is_empty() => buffer_index(&self.bufs, one),
+            _ => None,
+        };
         match slot.kind {
             Kind::Read => Op::Read {
                 offset: slot.offset,
                 iovs: ptr,
                 iovcnt: cnt,
+                buf_index,
             },
             Kind::Write => Op::Write {
                 offset: slot.offset,
                 iovs: ptr,
                 iovcnt: cnt,
                 sync: !self.writeback,
+                buf_index,
             },
             Kind::Flush | Kind::GetId => Op::Flush,
             Kind::Discard => Op::Discard {
@@ -1181,8 +1221,21 @@ impl Worker {
         }
         let op = self.op_of(&self.slots[lead as usize], merged);
         self.local_stats.submitted += run.len() as u64;
+        if matches!(
+            op,
+            Op::Read {
+                buf_index: Some(_),
+                ..
+            } | Op::Write {
+                buf_index: Some(_),
+                ..
+            }
+        ) {
+            self.local_stats.fixed_buf_ios += 1;
+        }
         match self.engine.prepare(&op) {
             Some(sqe) => {
+                let sqe = self.on_fixed_file(sqe);
                 self.push(sqe.user_data(ud(TAG_IO, u64::from(lead))));
                 self.queued_io += 1;
             }
@@ -1207,6 +1260,7 @@ impl Worker {
                 if let Some(sqe) = self.engine.fallback_punch(&op) {
                     // ZERO_RANGE refused (e.g. tmpfs): punching a hole also reads back zeros.
                     self.slots[lead as usize].retried = true;
+                    let sqe = self.on_fixed_file(sqe);
                     self.push(sqe.user_data(ud(TAG_IO, u64::from(lead))));
                     self.queued_io += 1;
                     return;
@@ -1271,6 +1325,62 @@ impl Worker {
         self.mem = Some(mem);
     }
 
+    /// Marks an engine entry as naming the registered file, when it is registered.
+    fn on_fixed_file(&mut self, sqe: squeue::Entry) -> squeue::Entry {
+        if self.fixed_file {
+            self.local_stats.fixed_file_ios += 1;
+            sqe.flags(squeue::Flags::FIXED_FILE)
+        } else {
+            sqe
+        }
+    }
+
+    /// Registers the current guest memory with the ring as fixed buffers (fixed-buffers=on),
+    /// replacing what was registered before. Runs only when nothing is in flight. A failure
+    /// (an old kernel, RLIMIT_MEMLOCK without CAP_IPC_LOCK) leaves plain readv/writev.
+    fn register_mem(&mut self) {
+        if !self.tuning.fixed_buffers || self.engine.file_fd().is_none() {
+            return;
+        }
+        if !self.bufs.is_empty() {
+            self.bufs.clear();
+            if let Err(e) = self.ring.submitter().unregister_buffers() {
+                tracing::warn!(err = %e, "cannot unregister fixed buffers");
+            }
+        }
+        let Some(mem) = self.mem.clone() else {
+            return;
+        };
+        let chunks = buffer_chunks(&mem);
+        if chunks.is_empty() || chunks.len() > usize::from(u16::MAX) {
+            return;
+        }
+        let iovs: Vec<libc::iovec> = chunks
+            .iter()
+            .map(|&(start, end)| libc::iovec {
+                iov_base: start as *mut libc::c_void,
+                iov_len: end - start,
+            })
+            .collect();
+        // SAFETY: each iovec is a range of a live guest-memory mapping. The kernel pins those
+        // pages; they stay registered (and the mapping alive, held by `self.mem`) until the
+        // next swap, which unregisters them first, or until the ring is dropped.
+        match unsafe { self.ring.submitter().register_buffers(&iovs) } {
+            Ok(()) => {
+                let bytes: usize = iovs.iter().map(|v| v.iov_len).sum();
+                tracing::debug!(
+                    buffers = iovs.len(),
+                    bytes,
+                    "guest memory registered as fixed buffers"
+                );
+                self.bufs = chunks;
+            }
+            Err(e) => {
+                tracing::warn!(err = %e, "cannot register guest memory as fixed buffers; using readv/writev");
+            }
+        }
+    }
+
     /// Publishes a used entry for `head`.
     fn finish(&mut self, local: usize, head: u16, used_len: u32, mem: &Mem) {
         self.local_stats.requests += 1;
@@ -1316,6 +1426,53 @@ impl Worker {
             }
         }
         self.queued_sqes += queued;
+    }
+}
+
+/// Largest fixed buffer io_uring accepts.
+const MAX_FIXED_BUFFER: usize = 1 << 30;
+
+/// Guest memory as `(host start, host end)` ranges of at most [`MAX_FIXED_BUFFER`] bytes.
+fn buffer_chunks(mem: &Mem) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for r in mem.iter() {
+        let start = r.as_ptr() as usize;
+        let end = start + r.len() as usize;
+        let mut at = start;
+        while at < end {
+            let next = (at + MAX_FIXED_BUFFER).min(end);
+            out.push((at, next));
+            at = next;
+        }
+    }
+    out
+}
+
+/// The registered buffer that wholly holds `iov`, if any. (An iovec never straddles two:
+/// iovecs come from per-region slices, and a chunk boundary inside a region only matters to
+/// an iovec that crosses it, which then simply goes through readv/writev.)
+fn buffer_index(bufs: &[(usize, usize)], iov: &libc::iovec) -> Option<u16> {
+    let start = iov.iov_base as usize;
+    let end = start.checked_add(iov.iov_len)?;
+    bufs.iter()
+        .position(|&(s, e)| s <= start && end <= e)
+        .map(|i| i as u16)
+}
+
+/// Registers the engine's file as fixed-file slot `fd` (so entries keep naming it by its
+/// number and only gain IOSQE_FIXED_FILE). False when there is no file or the kernel refuses.
+fn register_file(ring: &IoUring, fd: Option<std::os::fd::RawFd>) -> bool {
+    let Some(fd) = fd.filter(|&fd| (0..65_536).contains(&fd)) else {
+        return false;
+    };
+    let mut table = vec![-1; fd as usize + 1];
+    table[fd as usize] = fd;
+    match ring.submitter().register_files(&table) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(err = %e, "cannot register the backing file with io_uring; using plain descriptors");
+            false
+        }
     }
 }
 
