@@ -174,9 +174,6 @@ fn seed_from_env() -> u64 {
     }
 }
 
-/// A child process that is killed (SIGKILL) and reaped if still running when dropped, so that
-/// a failing test leaves no QEMU or backend behind.
-
 /// The files of one test run, all in a temporary directory, which is deleted at the end unless
 /// the test failed.
 struct Run {
