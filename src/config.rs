@@ -401,10 +401,6 @@ impl RawExport {
             });
         }
         let mut tuning = Tuning::default();
-        if self.cpus.is_some() {
-            // Pinned I/O threads have CPUs of their own: polling them pays.
-            tuning.poll = PollMode::Adaptive;
-        }
         if let Some(p) = &self.poll {
             tuning.poll = p.parse().map_err(|_| ConfigError::Invalid {
                 key: "poll",

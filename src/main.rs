@@ -21,7 +21,7 @@ SPEC is key=value pairs separated by commas:
   readonly=on|off        default off; advertises VIRTIO_BLK_F_RO and refuses writes
   direct=on|off          O_DIRECT (default on)
   serial=STRING          answer to GET_ID (at most 20 bytes)
-  poll=off|on|adaptive   busy-poll the rings while busy, guest notifications suppressed (default: adaptive with cpus=, else off)
+  poll=off|on|adaptive   busy-poll the rings while busy, guest notifications suppressed (default adaptive; off suits CPUs shared by more busy threads than they have)
   poll-max-us=N          longest poll window in microseconds (default 32; 0 turns polling off)
   batch-wait-us=N        under heavy load, wait up to N us to grow a batch before submitting (default 0: off)
   merge=on|off           merge adjacent requests of a queue into one host I/O (default on)

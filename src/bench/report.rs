@@ -208,6 +208,9 @@ pub struct Ratio {
     pub cpu_vs_qsd: Option<f64>,
     /// Median IOPS / native fio's median IOPS.
     pub iops_vs_native: Option<f64>,
+    /// IOPS / native fio's IOPS within each repeat (the two ran next to each other in time,
+    /// so slow drift of the machine cancels out): median and min–max over repeats.
+    pub iops_vs_native_paired: Option<Stat>,
 }
 
 /// Machine facts recorded with the results.
@@ -419,9 +422,13 @@ impl BenchResults {
             for r in &self.ratios {
                 let f =
                     |x: Option<f64>| x.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "-".into());
+                let paired = r
+                    .iops_vs_native_paired
+                    .map(|p| format!(" (paired {:.2}x, {:.2}-{:.2})", p.median, p.min, p.max))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "  {:<12} qd {:<3} jobs {:<2} {:<34} IOPS/qsd {:>6}  CPU per I/O/qsd {:>6}  IOPS/native {:>6}",
+                    "  {:<12} qd {:<3} jobs {:<2} {:<34} IOPS/qsd {:>6}  CPU per I/O/qsd {:>6}  IOPS/native {:>6}{paired}",
                     r.workload, r.iodepth, r.jobs, r.label,
                     f(r.iops_vs_qsd), f(r.cpu_vs_qsd), f(r.iops_vs_native)
                 );
@@ -517,21 +524,31 @@ impl BenchResults {
                 s,
                 "QSD reference: the QSD mapping with the highest median IOPS at that point.\n"
             );
-            let _ = writeln!(s, "| workload | iodepth | jobs | series | IOPS / QSD | CPU per I/O / QSD | IOPS / native fio |");
-            let _ = writeln!(s, "|---|---:|---:|---|---:|---:|---:|");
+            let _ = writeln!(
+                s,
+                "*paired*: the IOPS ratio within each repeat (the two points ran next to each \
+                 other), median and min–max over repeats.\n"
+            );
+            let _ = writeln!(s, "| workload | iodepth | jobs | series | IOPS / QSD | CPU per I/O / QSD | IOPS / native fio | paired IOPS / native fio |");
+            let _ = writeln!(s, "|---|---:|---:|---|---:|---:|---:|---:|");
             for r in rel {
                 let f =
                     |x: Option<f64>| x.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "–".into());
+                let paired = r
+                    .iops_vs_native_paired
+                    .map(|p| format!("{:.2}x ({:.2}–{:.2})", p.median, p.min, p.max))
+                    .unwrap_or_else(|| "–".into());
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
                     r.workload,
                     r.iodepth,
                     r.jobs,
                     r.label,
                     f(r.iops_vs_qsd),
                     f(r.cpu_vs_qsd),
-                    f(r.iops_vs_native)
+                    f(r.iops_vs_native),
+                    paired
                 );
             }
             let _ = writeln!(s);
@@ -583,6 +600,20 @@ impl BenchResults {
 
 /// For each point, its IOPS and CPU against the best QSD point and against native fio of its
 /// group (same workload, iodepth and jobs). Reference points themselves are left out.
+/// Per-repeat ratios of `a`'s IOPS to `b`'s, over the repeats where both succeeded.
+fn paired(a: &[Sample], b: &[Sample]) -> Option<Stat> {
+    let ok = |s: &&Sample| s.error.is_none() && s.iops > 0.0;
+    let v: Vec<f64> = a
+        .iter()
+        .filter(ok)
+        .filter_map(|x| {
+            let y = b.iter().filter(ok).find(|y| y.repeat == x.repeat)?;
+            Some(x.iops / y.iops)
+        })
+        .collect();
+    Stat::of(&v)
+}
+
 fn ratios(points: &[PointResult]) -> Vec<Ratio> {
     let med = |x: &Option<Stat>| x.map(|s| s.median);
     let mut out = Vec::new();
@@ -626,6 +657,7 @@ fn ratios(points: &[PointResult]) -> Vec<Ratio> {
                 )
             }),
             iops_vs_native: native.and_then(|q| div(med(&p.summary.iops), med(&q.summary.iops))),
+            iops_vs_native_paired: native.and_then(|q| paired(&p.samples, &q.samples)),
         });
     }
     out
@@ -643,6 +675,21 @@ mod tests {
             backend_cpu_s_per_mio: Some(cpu),
             ..Sample::default()
         }
+    }
+
+    #[test]
+    fn paired_ratios_match_repeats_and_skip_failures() {
+        let at = |repeat: usize, iops: f64| Sample {
+            repeat,
+            ..sample(iops, 1.0)
+        };
+        let mut failed = at(2, 0.0);
+        failed.error = Some("x".into());
+        let a = [at(0, 100.0), at(1, 200.0), failed];
+        let b = [at(1, 100.0), at(0, 200.0), at(2, 50.0)];
+        let p = paired(&a, &b).unwrap();
+        assert_eq!((p.median, p.min, p.max), (1.25, 0.5, 2.0));
+        assert!(paired(&a[2..], &b).is_none());
     }
 
     #[test]
@@ -721,6 +768,8 @@ mod tests {
         assert_eq!(pq.iops_vs_qsd, Some(1.5));
         assert_eq!(pq.cpu_vs_qsd, Some(0.4));
         assert_eq!(pq.iops_vs_native, Some(0.75));
+        let paired = pq.iops_vs_native_paired.unwrap();
+        assert_eq!((paired.median, paired.min, paired.max), (0.75, 0.75, 0.75));
         let md = r.markdown();
         assert!(md.contains("| mqblk per-queue | 2 | 300 |"), "{md}");
         assert!(md.contains("1.50x"), "{md}");

@@ -1,14 +1,23 @@
 //! Adaptive polling: how long a worker busy-polls its rings before it sleeps.
 //!
 //! While a worker polls, guest notifications stay suppressed and completions are reaped from
-//! the io_uring completion queue without syscalls. The window adapts from what recent waits
-//! found, in the manner of QEMU's `poll-grow`/`poll-shrink` and Direct-Virtio's history-based
-//! sleep time:
-//! - a poll that found work keeps the window;
-//! - a poll that expired, followed by a sleep that was woken soon after (within the maximum
-//!   window), means the window was too short: it grows (doubles, from a starting step);
-//! - a poll that expired and a long sleep mean polling does not pay: the window shrinks
-//!   (halves, and drops to zero below the starting step), so an idle worker burns no CPU.
+//! the io_uring completion queue without syscalls. The window adapts from what recent polls
+//! and sleeps found (the idea of QEMU's `poll-grow`/`poll-shrink` and Direct-Virtio's
+//! history-based sleep time), driven mainly by the poll *hit rate*:
+//! - every [`EPOCH`] poll windows, the share of windows that found work decides: at least half
+//!   grows the window (doubles it, up to the maximum); under a quarter shrinks it (halves it,
+//!   to zero below the starting step); in between keeps it;
+//! - a sleep longer than [`IDLE_NS`] means the load stopped: the window halves at once, so an
+//!   idle worker soon burns no CPU at all;
+//! - at window zero, a sleep woken within the maximum window means polling would have caught
+//!   the event: the window starts at the first step;
+//! - at window zero, after [`PROBE_EVERY`] sleeps in a row that were not idle, one epoch is
+//!   polled at the maximum window (a probe); if under a quarter of it hits, the window goes
+//!   straight back to zero. Sleep lengths alone can mislead: on a VM a woken
+//!   thread can take longer than the whole window to run, so a busy queue looks like long
+//!   sleeps although polling (which keeps the CPU from halting) would catch nearly every
+//!   request. The probe's hit rate settles it; when polling does not pay, it costs at most
+//!   `EPOCH` windows per `PROBE_EVERY` sleeps (each sleep longer than a window): under 7%.
 
 /// Polling mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +44,12 @@ impl std::str::FromStr for PollMode {
 
 /// The first non-zero window, in nanoseconds.
 pub const GROW_START_NS: u64 = 4_000;
+/// Poll windows per hit-rate decision.
+pub const EPOCH: u32 = 16;
+/// A sleep at least this long means the load stopped.
+pub const IDLE_NS: u64 = 1_000_000;
+/// Non-idle sleeps at window zero before a probe at the maximum window.
+pub const PROBE_EVERY: u32 = 256;
 
 /// The adaptive poll window.
 #[derive(Debug, Clone)]
@@ -42,6 +57,13 @@ pub struct PollPolicy {
     mode: PollMode,
     max_ns: u64,
     window_ns: u64,
+    /// Poll windows and hits in the current epoch.
+    polls: u32,
+    hits: u32,
+    /// Non-idle sleeps in a row at window zero.
+    zero_sleeps: u32,
+    /// The current epoch is a probe.
+    probing: bool,
 }
 
 impl PollPolicy {
@@ -57,6 +79,10 @@ impl PollPolicy {
             mode,
             max_ns,
             window_ns,
+            polls: 0,
+            hits: 0,
+            zero_sleeps: 0,
+            probing: false,
         }
     }
 
@@ -70,28 +96,89 @@ impl PollPolicy {
         self.mode
     }
 
-    /// A poll found work after `_polled_ns`: keep the window.
-    pub fn on_poll_hit(&mut self, _polled_ns: u64) {}
+    fn adaptive(&self) -> bool {
+        self.mode == PollMode::Adaptive && self.max_ns > 0
+    }
 
-    /// A poll window expired without work, and the worker then slept `slept_ns` before the
-    /// next event. Adapts the window.
+    fn grow(&mut self) {
+        self.window_ns = if self.window_ns == 0 {
+            GROW_START_NS.min(self.max_ns)
+        } else {
+            (self.window_ns * 2).min(self.max_ns)
+        };
+    }
+
+    fn shrink(&mut self) {
+        self.window_ns /= 2;
+        if self.window_ns < GROW_START_NS.min(self.max_ns) {
+            self.window_ns = 0;
+        }
+    }
+
+    fn end_of_window(&mut self, hit: bool) {
+        if !self.adaptive() {
+            return;
+        }
+        self.polls += 1;
+        self.hits += u32::from(hit);
+        if self.polls < EPOCH {
+            return;
+        }
+        if self.hits * 2 >= EPOCH {
+            self.grow();
+        } else if self.hits * 4 < EPOCH {
+            if self.probing {
+                // A failed probe costs one epoch, not the whole way down.
+                self.window_ns = 0;
+            } else {
+                self.shrink();
+            }
+        }
+        self.probing = false;
+        self.polls = 0;
+        self.hits = 0;
+    }
+
+    /// A poll found work after `_polled_ns`.
+    pub fn on_poll_hit(&mut self, _polled_ns: u64) {
+        self.end_of_window(true);
+    }
+
+    /// A poll window expired without work.
+    pub fn on_poll_miss(&mut self) {
+        self.end_of_window(false);
+    }
+
+    /// The worker slept `slept_ns` before the next event.
     pub fn on_sleep(&mut self, slept_ns: u64) {
-        if self.mode != PollMode::Adaptive || self.max_ns == 0 {
+        if !self.adaptive() {
+            return;
+        }
+        if slept_ns >= IDLE_NS {
+            // The load stopped: polling only burns CPU.
+            self.shrink();
+            self.zero_sleeps = 0;
+            self.polls = 0;
+            self.hits = 0;
+            return;
+        }
+        if self.window_ns > 0 {
             return;
         }
         if slept_ns <= self.max_ns {
-            // The event came soon after we gave up: polling longer would have caught it.
-            self.window_ns = if self.window_ns == 0 {
-                GROW_START_NS.min(self.max_ns)
-            } else {
-                (self.window_ns * 2).min(self.max_ns)
-            };
-        } else {
-            // A long idle period: polling only burns CPU.
-            self.window_ns /= 2;
-            if self.window_ns < GROW_START_NS {
-                self.window_ns = 0;
-            }
+            // The event came soon after we went to sleep: polling would have caught it.
+            self.grow();
+            self.zero_sleeps = 0;
+            return;
+        }
+        self.zero_sleeps += 1;
+        if self.zero_sleeps >= PROBE_EVERY {
+            // Busy but with long wake-ups: find out whether polling pays.
+            self.zero_sleeps = 0;
+            self.window_ns = self.max_ns;
+            self.probing = true;
+            self.polls = 0;
+            self.hits = 0;
         }
     }
 }
@@ -110,32 +197,100 @@ mod tests {
         assert_eq!(p.window_ns(), 50_000);
     }
 
+    fn epoch(p: &mut PollPolicy, hits: u32) {
+        for i in 0..EPOCH {
+            if i < hits {
+                p.on_poll_hit(1_000);
+            } else {
+                p.on_poll_miss();
+            }
+        }
+    }
+
     #[test]
-    fn grows_on_short_sleeps_up_to_max() {
+    fn short_sleep_starts_polling_and_hits_grow_it_to_max() {
         let mut p = PollPolicy::new(PollMode::Adaptive, 50);
         assert_eq!(p.window_ns(), 0);
         p.on_sleep(10_000);
         assert_eq!(p.window_ns(), GROW_START_NS);
         for _ in 0..10 {
-            p.on_sleep(10_000);
+            epoch(&mut p, EPOCH);
         }
+        assert_eq!(p.window_ns(), 50_000);
+        // Half the windows hitting still pays; a middling rate keeps the window.
+        epoch(&mut p, EPOCH / 2);
+        assert_eq!(p.window_ns(), 50_000);
+        epoch(&mut p, EPOCH / 4);
         assert_eq!(p.window_ns(), 50_000);
     }
 
     #[test]
-    fn shrinks_to_zero_when_idle() {
+    fn misses_shrink_to_zero() {
         let mut p = PollPolicy::new(PollMode::Adaptive, 64);
+        p.on_sleep(1_000);
         for _ in 0..10 {
-            p.on_sleep(1_000);
+            epoch(&mut p, EPOCH);
         }
         assert_eq!(p.window_ns(), 64_000);
-        let mut steps = 0;
+        let mut epochs = 0;
         while p.window_ns() > 0 {
-            p.on_sleep(1_000_000_000);
-            steps += 1;
-            assert!(steps < 20, "window never reaches zero");
+            epoch(&mut p, 1);
+            epochs += 1;
+            assert!(epochs < 20, "window never reaches zero");
         }
-        assert!(steps >= 4);
+        assert!(epochs >= 4);
+    }
+
+    #[test]
+    fn idle_sleeps_shrink_at_once_and_never_probe() {
+        let mut p = PollPolicy::new(PollMode::Adaptive, 64);
+        p.on_sleep(1_000);
+        for _ in 0..10 {
+            epoch(&mut p, EPOCH);
+        }
+        for _ in 0..10 {
+            p.on_sleep(IDLE_NS);
+        }
+        assert_eq!(p.window_ns(), 0);
+        for _ in 0..(10 * PROBE_EVERY) {
+            p.on_sleep(50 * IDLE_NS);
+            assert_eq!(p.window_ns(), 0, "an idle worker must not poll");
+        }
+    }
+
+    #[test]
+    fn long_wakeups_under_load_probe_and_keep_polling_if_it_pays() {
+        // Sleeps of 200 µs: longer than the 32 µs maximum (no plain grow), shorter than idle.
+        let mut p = PollPolicy::new(PollMode::Adaptive, 32);
+        for _ in 0..PROBE_EVERY - 1 {
+            p.on_sleep(200_000);
+            assert_eq!(p.window_ns(), 0);
+        }
+        p.on_sleep(200_000);
+        assert_eq!(p.window_ns(), 32_000, "no probe");
+        // The probe pays: most windows find work. The window stays at the maximum.
+        epoch(&mut p, EPOCH - 2);
+        assert_eq!(p.window_ns(), 32_000);
+        // Later the polls stop paying: the window shrinks away, and probes come back only
+        // every PROBE_EVERY sleeps.
+        for _ in 0..8 {
+            epoch(&mut p, 0);
+        }
+        assert_eq!(p.window_ns(), 0);
+        let mut polled = 0;
+        for _ in 0..(4 * PROBE_EVERY) {
+            p.on_sleep(200_000);
+            if p.window_ns() > 0 {
+                polled += 1;
+                epoch(&mut p, 0);
+                assert_eq!(
+                    p.window_ns(),
+                    0,
+                    "a failed probe goes straight back to zero"
+                );
+            }
+        }
+        assert_eq!(polled, 4);
     }
 
     #[test]
