@@ -61,10 +61,35 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
         .clone()
         .unwrap_or_else(|| opts.out.join("disk.img"));
     if let Ok(meta) = std::fs::metadata(&path) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_block_device() {
+            // A device is measured as it is: reads only, so that its data survives.
+            let writes: Vec<&str> = opts
+                .workloads
+                .iter()
+                .filter(|w| w.pattern.writes())
+                .map(|w| w.name.as_str())
+                .collect();
+            ensure!(
+                writes.is_empty(),
+                "--path {}: a block device is only read by the bench; drop the write workloads \
+                 ({}) or use an image file",
+                path.display(),
+                writes.join(", ")
+            );
+            let f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            let size = crate::engine::blockdev_size(&f)
+                .with_context(|| format!("size of {}", path.display()))?;
+            ensure!(
+                size >= 1 << 20,
+                "--path {}: {size} bytes; at least 1M is needed",
+                path.display()
+            );
+            return Ok((path, size & !4095));
+        }
         ensure!(
             meta.is_file(),
-            "--path {}: not a regular file (block devices: serve them with mqblk serve and \
-             measure with fio's libblkio engine)",
+            "--path {}: not a regular file or block device",
             path.display()
         );
         let size = meta.len();
@@ -303,10 +328,18 @@ impl<'a> RunEnv<'a> {
         // QEMU option syntax: a comma inside a value is written as two.
         let esc = |p: &Path| p.display().to_string().replace(',', ",,");
         let blockdev = match (&self.image, o.engine) {
-            (Some(img), EngineKind::Uring) => format!(
-                "driver=file,node-name=n0,filename={},cache.direct=on,aio=io_uring",
-                esc(img)
-            ),
+            (Some(img), EngineKind::Uring) => {
+                use std::os::unix::fs::FileTypeExt;
+                // QEMU's file driver refuses block devices: they take host_device.
+                let dev = std::fs::metadata(img)
+                    .map(|m| m.file_type().is_block_device())
+                    .unwrap_or(false);
+                format!(
+                    "driver={},node-name=n0,filename={},cache.direct=on,aio=io_uring",
+                    if dev { "host_device" } else { "file" },
+                    esc(img)
+                )
+            }
             _ => format!(
                 "driver=null-co,node-name=n0,size={},read-zeroes=on",
                 self.size

@@ -307,7 +307,8 @@ fn open_mem(size: u64) -> Result<UringEngine, OpenError> {
 }
 
 /// Size of a block device in bytes.
-fn blockdev_size(file: &File) -> io::Result<u64> {
+/// A block device's size in bytes (BLKGETSIZE64).
+pub fn blockdev_size(file: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
     // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
     const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
