@@ -351,7 +351,7 @@ pub fn stats_json(running: &[Export]) -> serde_json::Value {
     let exports: Vec<serde_json::Value> = running
         .iter()
         .map(|e| {
-            let mut t = [0u64; 15];
+            let mut t = [0u64; 16];
             for w in &e.shared.workers {
                 let s = &w.stats;
                 let v = [
@@ -370,6 +370,7 @@ pub fn stats_json(running: &[Export]) -> serde_json::Value {
                     &s.enters,
                     &s.fixed_buf_ios,
                     &s.fixed_file_ios,
+                    &s.sync_writes,
                 ];
                 for (acc, a) in t.iter_mut().zip(v) {
                     *acc += a.load(Relaxed);
@@ -382,6 +383,7 @@ pub fn stats_json(running: &[Export]) -> serde_json::Value {
                 "notifies": t[4], "bytes": t[5], "merges": t[6], "kicks": t[7],
                 "poll_hits": t[8], "poll_misses": t[9], "sleeps": t[10], "batch_waits": t[11],
                 "enters": t[12], "fixed_buf_ios": t[13], "fixed_file_ios": t[14],
+                "sync_writes": t[15],
             })
         })
         .collect();

@@ -46,6 +46,7 @@ const SET_PROTOCOL_FEATURES: u32 = 16;
 const GET_QUEUE_NUM: u32 = 17;
 const SET_VRING_ENABLE: u32 = 18;
 const GET_CONFIG: u32 = 24;
+const SET_CONFIG: u32 = 25;
 const GET_INFLIGHT_FD: u32 = 31;
 const SET_INFLIGHT_FD: u32 = 32;
 
@@ -59,6 +60,8 @@ const F_INDIRECT_DESC: u64 = 1 << 28;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const F_VERSION_1: u64 = 1 << 32;
 const F_BLK_RO: u64 = 1 << 5;
+const F_BLK_FLUSH: u64 = 1 << 9;
+const F_BLK_CONFIG_WCE: u64 = 1 << 11;
 const P_MQ: u64 = 1 << 0;
 const P_REPLY_ACK: u64 = 1 << 3;
 const P_CONFIG: u64 = 1 << 9;
@@ -461,6 +464,11 @@ impl Session {
 
     /// [`Session::negotiate`], acking the protocol features `extra` as well.
     fn negotiate_with(path: &Path, extra: u64) -> Result<(Conn, u64), String> {
+        Self::negotiate_features(path, extra, 0)
+    }
+
+    /// [`Session::negotiate_with`], acking the device features `features` as well.
+    fn negotiate_features(path: &Path, extra: u64, features: u64) -> Result<(Conn, u64), String> {
         // The daemon serves one frontend per socket and closes a second one at once. The
         // previous session's close can reach it late (another test thread forking a process
         // holds a copy of the socket until its exec), so retry a refused connection briefly.
@@ -486,7 +494,12 @@ impl Session {
             &u64s(&[P_MQ | P_REPLY_ACK | P_CONFIG | extra]),
         );
         conn.set(SET_OWNER, &[], &[])?;
-        let want = F_VERSION_1 | F_PROTOCOL_FEATURES | F_INDIRECT_DESC | (offered & F_BLK_RO);
+        assert!(
+            offered & features == features,
+            "features {features:#x} not offered ({offered:#x})"
+        );
+        let want =
+            F_VERSION_1 | F_PROTOCOL_FEATURES | F_INDIRECT_DESC | (offered & F_BLK_RO) | features;
         conn.set(SET_FEATURES, &u64s(&[want]), &[])?;
         Ok((conn, offered))
     }
@@ -536,7 +549,12 @@ impl Session {
 
     /// A fully set up session with one ring of `size` on queue 0.
     fn open(path: &Path, size: u16, image_seed: Option<u64>) -> Session {
-        let (conn, _) = Self::negotiate(path).expect("negotiation");
+        Self::open_features(path, size, image_seed, 0)
+    }
+
+    /// [`Session::open`], acking the device features `features` as well.
+    fn open_features(path: &Path, size: u16, image_seed: Option<u64>, features: u64) -> Session {
+        let (conn, _) = Self::negotiate_features(path, 0, features).expect("negotiation");
         let mut guest = Guest::new();
         Self::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
         let ring = Self::setup_ring(&conn, &mut guest, 0, size).expect("vring setup");
@@ -2243,4 +2261,102 @@ fn last_desc(s: &mut Session, head: u16) -> D {
         flags: 0,
         next: 0,
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache mode (CONFIG_WCE)
+// ---------------------------------------------------------------------------------------------
+
+/// The writeback byte of the config space (struct virtio_blk_config's `wce`).
+const CONFIG_WCE_OFFSET: u32 = 32;
+
+fn config_writeback(conn: &Conn) -> u8 {
+    // struct { offset, size, flags, payload[size] }
+    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
+    body.push(0);
+    let reply = conn.get(GET_CONFIG, &body).expect("GET_CONFIG");
+    assert_eq!(reply.len(), 13, "GET_CONFIG reply {reply:?}");
+    reply[12]
+}
+
+fn set_config_writeback(conn: &Conn, on: bool) {
+    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
+    body.push(u8::from(on));
+    conn.set(SET_CONFIG, &body, &[]).expect("SET_CONFIG");
+}
+
+/// The export's count of write-through writes, from `--stats-file` (rewritten every 100 ms).
+fn sync_writes(stats: &Path) -> u64 {
+    std::thread::sleep(Duration::from_millis(300));
+    let text = std::fs::read_to_string(stats).expect("stats file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+    v["exports"][0]["sync_writes"]
+        .as_u64()
+        .expect("sync_writes")
+}
+
+#[test]
+fn guest_turning_the_write_cache_off_makes_writes_write_through() {
+    let dir = TestDir::new();
+    let img = dir.image("wce.img", IMG_SIZE, Some(IMG_SEED));
+    let sock = dir.join("wce.sock");
+    let stats = dir.join("stats.json");
+    let stats_arg = stats.display().to_string();
+    let daemon = Daemon::start_args(
+        &dir,
+        &[Export::file(&sock, &img)],
+        &["--stats-file", &stats_arg],
+    );
+    let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
+    assert_eq!(
+        config_writeback(&s.conn),
+        1,
+        "write-back is the initial mode"
+    );
+
+    // Four 4 KiB writes at `sector`, each verified in the image afterwards.
+    let write_some = |s: &mut Session, sector: u64, fill: u8| {
+        for i in 0..4u64 {
+            let sector = sector + 8 * i;
+            s.guest.write(HDR_GPA, &header(T_OUT, sector));
+            s.guest.write(DATA_GPA, &[fill; 4096]);
+            s.guest.write(STATUS_GPA, &[0xee]);
+            let a = s.submit(
+                0,
+                &[
+                    d(HDR_GPA, 16, VRING_F_NEXT, 1),
+                    d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+                    d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+                ],
+            );
+            assert_eq!(a, Answer::Used(0, 1), "write at sector {sector}");
+            assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
+            let mut f = File::open(&img).unwrap();
+            let mut got = vec![0u8; 4096];
+            use std::io::{Seek, SeekFrom};
+            f.seek(SeekFrom::Start(sector * 512)).unwrap();
+            f.read_exact(&mut got).unwrap();
+            assert!(got.iter().all(|&b| b == fill), "image at sector {sector}");
+        }
+    };
+
+    write_some(&mut s, 0, 0x11);
+    assert_eq!(sync_writes(&stats), 0, "write-back mode wrote through");
+
+    set_config_writeback(&s.conn, false);
+    assert_eq!(config_writeback(&s.conn), 0, "the cache mode did not stick");
+    write_some(&mut s, 64, 0x22);
+    assert_eq!(
+        sync_writes(&stats),
+        4,
+        "write-through mode: every write must carry RWF_DSYNC"
+    );
+
+    set_config_writeback(&s.conn, true);
+    assert_eq!(config_writeback(&s.conn), 1);
+    write_some(&mut s, 128, 0x33);
+    assert_eq!(sync_writes(&stats), 4, "back in write-back mode");
+
+    drop(s);
+    daemon.terminate();
 }

@@ -177,6 +177,8 @@ pub struct WorkerStats {
     pub fixed_buf_ios: AtomicU64,
     /// Host I/Os issued on the registered (fixed) file.
     pub fixed_file_ios: AtomicU64,
+    /// Writes issued write-through (RWF_DSYNC: the guest turned the write cache off).
+    pub sync_writes: AtomicU64,
 }
 
 #[derive(Default)]
@@ -196,6 +198,7 @@ struct LocalStats {
     batch_waits: u64,
     fixed_buf_ios: u64,
     fixed_file_ios: u64,
+    sync_writes: u64,
 }
 
 impl LocalStats {
@@ -216,6 +219,7 @@ impl LocalStats {
         s.fixed_buf_ios.store(self.fixed_buf_ios, Ordering::Relaxed);
         s.fixed_file_ios
             .store(self.fixed_file_ios, Ordering::Relaxed);
+        s.sync_writes.store(self.sync_writes, Ordering::Relaxed);
     }
 }
 
@@ -1241,6 +1245,9 @@ impl Worker {
             }
         ) {
             self.local_stats.fixed_buf_ios += 1;
+        }
+        if let Op::Write { sync: true, .. } = op {
+            self.local_stats.sync_writes += 1;
         }
         match self.engine.prepare(&op) {
             Some(sqe) => {

@@ -321,6 +321,11 @@ impl Daemon {
     /// Starts `mqblk serve` with `exports` (logging to `dir/daemon.log`) and waits until every
     /// export's socket is listening.
     pub fn start(dir: &TestDir, exports: &[Export]) -> Self {
+        Self::start_args(dir, exports, &[])
+    }
+
+    /// [`Daemon::start`] with extra arguments for `mqblk serve` (ignored with QSD).
+    pub fn start_args(dir: &TestDir, exports: &[Export], args: &[&str]) -> Self {
         let log = dir.join("daemon.log");
         let logf = File::create(&log).expect("creating daemon log");
         let mut cmd;
@@ -335,6 +340,7 @@ impl Daemon {
             for e in exports {
                 cmd.arg("--export").arg(e.spec());
             }
+            cmd.args(args);
             if let Ok(level) = std::env::var("MQBLK_TEST_LOG_LEVEL") {
                 cmd.arg("--log-level").arg(level);
             }
