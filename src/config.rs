@@ -22,7 +22,7 @@ pub const MAX_SERIAL_LEN: usize = 20;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
     /// An unknown key.
-    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial, poll, poll-max-us, batch-wait-us, merge, fixed-files, fixed-buffers, sqpoll-idle-ms)")]
+    #[error("unknown key '{0}' (known keys: socket, path, engine, size, queues, queue-size, threads, cpus, readonly, direct, serial, poll, poll-max-us, batch-wait-us, merge, fixed-files, fixed-buffers, sqpoll-idle-ms, coop-taskrun)")]
     UnknownKey(String),
     /// A key given without `=value`.
     #[error("'{0}' has no value: write {0}=VALUE")]
@@ -190,6 +190,7 @@ pub struct RawExport {
     fixed_files: Option<toml::Value>,
     fixed_buffers: Option<toml::Value>,
     sqpoll_idle_ms: Option<toml::Value>,
+    coop_taskrun: Option<toml::Value>,
 }
 
 fn value_str(v: &toml::Value) -> String {
@@ -239,6 +240,7 @@ impl RawExport {
                 "fixed-files" => slot_val(&mut raw.fixed_files)?,
                 "fixed-buffers" => slot_val(&mut raw.fixed_buffers)?,
                 "sqpoll-idle-ms" => slot_val(&mut raw.sqpoll_idle_ms)?,
+                "coop-taskrun" => slot_val(&mut raw.coop_taskrun)?,
                 "size" => slot_val(&mut raw.size)?,
                 "queues" => slot_val(&mut raw.queues)?,
                 "queue-size" => slot_val(&mut raw.queue_size)?,
@@ -435,6 +437,9 @@ impl RawExport {
         if let Some(v) = &self.fixed_buffers {
             tuning.fixed_buffers = parse_bool("fixed-buffers", &value_str(v))?;
         }
+        if let Some(v) = &self.coop_taskrun {
+            tuning.coop_taskrun = parse_bool("coop-taskrun", &value_str(v))?;
+        }
         if let Some(n) = int(
             "sqpoll-idle-ms",
             &self.sqpoll_idle_ms,
@@ -566,16 +571,18 @@ mod tests {
             (c.tuning.poll_max_us, c.tuning.batch_wait_us, c.tuning.merge),
             (100, 8, false)
         );
-        let c =
-            parse_export_spec("socket=s,path=p,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5")
-                .unwrap();
+        let c = parse_export_spec(
+            "socket=s,path=p,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off",
+        )
+        .unwrap();
         assert_eq!(
             (
                 c.tuning.fixed_files,
                 c.tuning.fixed_buffers,
-                c.tuning.sqpoll_idle_ms
+                c.tuning.sqpoll_idle_ms,
+                c.tuning.coop_taskrun
             ),
-            (false, true, 5)
+            (false, true, 5, false)
         );
         assert_eq!(
             parse_export_spec("socket=s,path=p").unwrap().tuning,
@@ -628,6 +635,7 @@ mod tests {
         assert!(e("socket=s,path=p,fixed-buffers=1x").contains("fixed-buffers"));
         assert!(e("socket=s,path=p,sqpoll-idle-ms=-1").contains("sqpoll-idle-ms"));
         assert!(e("socket=s,path=p,sqpoll-idle-ms=20000").contains("0 to 10000"));
+        assert!(e("socket=s,path=p,coop-taskrun=sometimes").contains("coop-taskrun"));
     }
 
     #[test]

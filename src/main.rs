@@ -28,6 +28,7 @@ SPEC is key=value pairs separated by commas:
   fixed-files=on|off     register the backing file with each io_uring (default on)
   fixed-buffers=on|off   register guest memory as io_uring fixed buffers; pins it (default off)
   sqpoll-idle-ms=N       kernel SQ polling thread per I/O thread, idle after N ms (default 0: off)
+  coop-taskrun=on|off    completions never interrupt a running I/O thread (default on; kernel 6.0+)
 
 Thread mappings: queues=1,threads=1 is baseline; queues=N,threads=1 is mq;
 queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).

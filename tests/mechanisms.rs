@@ -185,8 +185,14 @@ fn sqpoll_runs_a_kernel_submission_thread_and_data_verifies() {
     );
     let export = Export::start(parse_export_spec(&spec).unwrap()).unwrap();
     // One SQPOLL thread per I/O thread's ring (2 queues, per-queue mapping). Tests run in
-    // parallel threads of this process, so count ours as the increase.
-    let during = sqp(&thread_names());
+    // parallel threads of this process, so count ours as the increase. A new SQPOLL thread
+    // names itself once it first runs: give it a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut during = sqp(&thread_names());
+    while during < before + 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        during = sqp(&thread_names());
+    }
     let mut w = verify(2, 2, 16);
     w.socket = sock;
     let r = client::run(&w).expect("workload");

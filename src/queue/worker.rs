@@ -63,6 +63,8 @@ pub struct Tuning {
     /// A kernel submission-queue polling thread per ring (IORING_SETUP_SQPOLL), idle after
     /// this many milliseconds (0: off).
     pub sqpoll_idle_ms: u32,
+    /// Set up rings with COOP_TASKRUN (completions never interrupt the I/O thread).
+    pub coop_taskrun: bool,
 }
 
 impl Default for Tuning {
@@ -79,6 +81,7 @@ impl Default for Tuning {
             fixed_files: true,
             fixed_buffers: false,
             sqpoll_idle_ms: 0,
+            coop_taskrun: true,
         }
     }
 }
@@ -439,6 +442,8 @@ struct Worker {
     notify_flags: squeue::Flags,
     /// The engine's file is registered as fixed-file slot (its descriptor number).
     fixed_file: bool,
+    /// The ring was set up with COOP_TASKRUN and TASKRUN_FLAG.
+    taskrun_flag: bool,
     /// Guest memory registered as fixed buffers: `(host start, host end)` by buffer index.
     bufs: Vec<(usize, usize)>,
     tuning: Tuning,
@@ -458,12 +463,30 @@ impl Worker {
         let nq = cfg.queue_sizes.len();
         // Every in-flight request, kick poll+read and notification fits at once.
         let want = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
-        let mut builder = IoUring::builder();
-        builder.setup_cqsize(want * 4);
-        if cfg.tuning.sqpoll_idle_ms > 0 {
-            builder.setup_sqpoll(cfg.tuning.sqpoll_idle_ms);
-        }
-        let ring = builder.build(want)?;
+        let build = |coop: bool| {
+            let mut builder = IoUring::builder();
+            builder.setup_cqsize(want * 4);
+            if cfg.tuning.sqpoll_idle_ms > 0 {
+                builder.setup_sqpoll(cfg.tuning.sqpoll_idle_ms);
+            }
+            if coop {
+                // Completions arriving while this thread runs do not interrupt it (no IPI):
+                // their task work runs at its next syscall, and while it polls the ring's
+                // TASKRUN flag tells it to make one. Only this thread ever submits.
+                builder
+                    .setup_coop_taskrun()
+                    .setup_taskrun_flag()
+                    .setup_single_issuer();
+            }
+            builder.build(want)
+        };
+        // Kernels before 6.0 refuse these flags: fall back to a plain ring.
+        let coop = cfg.tuning.coop_taskrun && cfg.tuning.sqpoll_idle_ms == 0;
+        let (ring, taskrun_flag) = match build(coop) {
+            Ok(r) => (r, coop),
+            Err(_) if coop => (build(false)?, false),
+            Err(e) => return Err(e),
+        };
         let fixed_file = cfg.tuning.fixed_files && register_file(&ring, engine.file_fd());
         let notify_flags = if ring.params().is_feature_skip_cqe_on_success() {
             squeue::Flags::SKIP_SUCCESS
@@ -499,6 +522,7 @@ impl Worker {
             queued_io: 0,
             notify_flags,
             fixed_file,
+            taskrun_flag,
             bufs: Vec::new(),
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
@@ -666,6 +690,11 @@ impl Worker {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
+            if self.taskrun_flag && self.ring.submission().taskrun() {
+                // Completions wait as task work: one syscall posts them.
+                self.local_stats.enters += 1;
+                let _ = self.ring.submit();
+            }
             if !self.ring.completion().is_empty() || self.any_avail() {
                 self.local_stats.poll_hits += 1;
                 self.poll.on_poll_hit(start.elapsed().as_nanos() as u64);
