@@ -108,6 +108,9 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
     }
     let console = run.console();
     failures.extend(check_guest_report(&console));
+    if backend == BackendKind::Mqblk {
+        failures.extend(check_write_through(&console, &run.stats));
+    }
 
     // Every write the guest saw complete must be in the file while the backend still runs, and
     // must still be there after it has shut down.
@@ -186,6 +189,8 @@ struct Run {
     console: PathBuf,
     qemu_log: PathBuf,
     backend_log: PathBuf,
+    /// mqblk's `--stats-file`.
+    stats: PathBuf,
 }
 
 impl Run {
@@ -216,6 +221,7 @@ impl Run {
             console: dir.join("console.log"),
             qemu_log: dir.join("qemu.log"),
             backend_log: dir.join("backend.log"),
+            stats: dir.join("stats.json"),
             tmp: Some(tmp),
         }
     }
@@ -234,11 +240,15 @@ impl Run {
                 let mut cmd = Command::new(env!("CARGO_BIN_EXE_mqblk"));
                 // The log goes to a file, which is printed when the test fails: no ANSI colours.
                 cmd.env("NO_COLOR", "1");
-                cmd.arg("serve").arg("--export").arg(format!(
-                    "socket={},path={},queues={QUEUES}",
-                    self.socket.display(),
-                    self.image.display()
-                ));
+                cmd.arg("serve")
+                    .arg("--export")
+                    .arg(format!(
+                        "socket={},path={},queues={QUEUES}",
+                        self.socket.display(),
+                        self.image.display()
+                    ))
+                    .arg("--stats-file")
+                    .arg(&self.stats);
                 cmd
             }
             BackendKind::Qsd => {
@@ -507,6 +517,38 @@ fn check_guest_report(console: &str) -> Vec<String> {
         }
     }
     failures
+}
+
+/// The guest turned the write cache off and rewrote region A (4 MiB in 64 KiB O_DIRECT
+/// writes): mqblk must have submitted those writes with RWF_DSYNC (its `sync_writes` counter,
+/// zero before the switch since nothing else writes through).
+fn check_write_through(console: &str, stats: &Path) -> Vec<String> {
+    if !console.contains("MQBLK-GUEST: write-through t=") {
+        return vec!["the guest did not switch the disk to write-through (see its report)".into()];
+    }
+    // The stats file is rewritten every 100 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let text = match fs::read_to_string(stats) {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![format!(
+                "reading mqblk's stats file {}: {e}",
+                stats.display()
+            )]
+        }
+    };
+    let v: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => return vec![format!("mqblk's stats file: {e}: {text}")],
+    };
+    match v["exports"][0]["sync_writes"].as_u64() {
+        Some(n) if n >= 64 => vec![],
+        Some(n) => vec![format!(
+            "after the guest chose write-through, mqblk wrote only {n} requests with RWF_DSYNC \
+             (expected at least 64)"
+        )],
+        None => vec![format!("no sync_writes in mqblk's stats file: {text}")],
+    }
 }
 
 /// What the guest leaves in one region of the disk (see the layout in tests/guest/init).
