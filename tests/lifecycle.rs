@@ -43,3 +43,51 @@ fn second_frontend_is_refused_while_one_is_connected() {
     );
     d.terminate();
 }
+
+/// The daemon's CPU time so far (utime + stime), in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // The command name may contain spaces: fields count from the last ')'.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// A guest that stops doing I/O, but stays connected, costs the daemon next to no CPU, whatever
+/// the polling mode: windows expire, the adaptive policy stops polling, and the I/O threads
+/// sleep until the next kick.
+#[test]
+fn an_idle_connected_guest_costs_no_cpu() {
+    for poll in ["adaptive", "on"] {
+        let dir = TestDir::new();
+        let img = dir.image("disk.img", 4 << 20, None);
+        let sock = dir.join("s.sock");
+        let d = Daemon::start(
+            &dir,
+            &[Export::file(&sock, &img)
+                .queues(2)
+                .set("poll", poll)
+                .set("poll-max-us", "1000")],
+        );
+        let mut c = Client::connect(&sock, 2).expect("connect");
+        // A busy spell on both queues (iodepth 1: every request a poll or a wake-up).
+        for i in 0..2000u64 {
+            c.read_vec((i % 2) as usize, (i % 1024) * 4096, 4096)
+                .expect("read");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let before = cpu_ticks(d.pid());
+        std::thread::sleep(Duration::from_secs(2));
+        let used = cpu_ticks(d.pid()) - before;
+        // Clock ticks are 10 ms: allow 3 (1.5% of one CPU) for timer noise.
+        assert!(
+            used <= 3,
+            "poll={poll}: the daemon used {used} ticks in 2 s with the guest idle"
+        );
+        // Still serving after the idle spell.
+        c.read_vec(0, 0, 4096).expect("read after idling");
+        drop(c);
+        d.terminate();
+    }
+}
