@@ -2360,3 +2360,106 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     drop(s);
     daemon.terminate();
 }
+
+/// The guest's cache mode survives a crash of mqblk: the frontend does not repeat CONFIG_WCE
+/// after reconnecting, so mqblk keeps it in the in-flight region, which the frontend holds and
+/// hands to the next mqblk.
+#[test]
+fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
+    const QSIZE: u16 = 64;
+    // One queue's region (header + descriptors, 64-byte aligned), then mqblk's 64-byte state.
+    let queue_bytes = (16 + 16 * u64::from(QSIZE)).next_multiple_of(64);
+    let region_len = queue_bytes + 64;
+    let region = memfd("inflight", region_len);
+
+    let dir = TestDir::new();
+    let img = dir.image("wce.img", IMG_SIZE, Some(IMG_SEED));
+    let sock = dir.join("wce.sock");
+    let stats_a = dir.join("stats-a.json");
+    let stats_arg = stats_a.display().to_string();
+    let daemon = Daemon::start_args(
+        &dir,
+        &[Export::file(&sock, &img)],
+        &["--stats-file", &stats_arg],
+    );
+
+    // What a reconnecting frontend does: negotiate, hand over the in-flight region, set up.
+    let connect = |region: &File| -> Session {
+        let (conn, _) =
+            Session::negotiate_features(&sock, P_INFLIGHT_SHMFD, F_BLK_FLUSH | F_BLK_CONFIG_WCE)
+                .expect("negotiation");
+        conn.set(
+            SET_INFLIGHT_FD,
+            &inflight_msg(region_len, 0, 1, QSIZE),
+            &[region.as_raw_fd()],
+        )
+        .expect("SET_INFLIGHT_FD");
+        let mut guest = Guest::new();
+        Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
+        let ring = Session::setup_ring(&conn, &mut guest, 0, QSIZE).expect("vring setup");
+        Session {
+            conn,
+            guest,
+            rings: vec![ring],
+            image_seed: None,
+        }
+    };
+    let write_one = |s: &mut Session, sector: u64| {
+        s.guest.write(HDR_GPA, &header(T_OUT, sector));
+        s.guest.write(DATA_GPA, &[0x5a; 4096]);
+        let a = s.submit(
+            0,
+            &[
+                d(HDR_GPA, 16, VRING_F_NEXT, 1),
+                d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+            ],
+        );
+        assert_eq!(a, Answer::Used(0, 1));
+        assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
+    };
+
+    let mut s = connect(&region);
+    assert_eq!(config_writeback(&s.conn), 1);
+    set_config_writeback(&s.conn, false);
+    write_one(&mut s, 0);
+    assert_eq!(sync_writes(&stats_a), 1);
+    // The state is in the region, after the queue: magic, saved, write-through.
+    let mut state = [0u8; 10];
+    use std::os::unix::fs::FileExt;
+    region.read_exact_at(&mut state, queue_bytes).unwrap();
+    assert_eq!(&state[..8], b"mqblkst1", "no saved state in the region");
+    assert_eq!(state[8..], [1, 0], "saved cache mode");
+
+    // mqblk dies (SIGKILL); a new one serves the same socket and gets the same region back.
+    drop(s);
+    drop(daemon);
+    let dir_b = TestDir::new();
+    let stats_b = dir_b.join("stats-b.json");
+    let stats_arg = stats_b.display().to_string();
+    let _ = std::fs::remove_file(&sock);
+    let daemon = Daemon::start_args(
+        &dir_b,
+        &[Export::file(&sock, &img)],
+        &["--stats-file", &stats_arg],
+    );
+    let mut s = connect(&region);
+    assert_eq!(
+        config_writeback(&s.conn),
+        0,
+        "the restarted mqblk forgot that the guest chose write-through"
+    );
+    write_one(&mut s, 8);
+    assert_eq!(
+        sync_writes(&stats_b),
+        1,
+        "the write after the restart was not durable"
+    );
+    drop(s);
+
+    // A frontend without the region starts in write-back, as a new guest should.
+    let s = Session::open_features(&sock, QSIZE, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
+    assert_eq!(config_writeback(&s.conn), 1);
+    drop(s);
+    daemon.terminate();
+}

@@ -27,6 +27,16 @@
 //! The region is written by one I/O thread per queue and read by the frontend only when it
 //! reconnects; every access goes through atomics because the memory is shared with another
 //! process.
+//!
+//! After the queues, mqblk's regions carry [`STATE_SIZE`] bytes of device state that must
+//! survive a restart of mqblk itself, because the frontend does not send it again: the cache
+//! mode the guest chose (CONFIG_WCE). The frontend treats the region as opaque bytes of the
+//! size the backend gave, so this stays within the protocol; a region without the state (from
+//! another backend) is used as it is.
+//!
+//! ```text
+//! state: u64 magic "mqblkst1"; u8 writeback_saved; u8 writeback; padding to 64 bytes
+//! ```
 
 use std::fs::File;
 use std::io;
@@ -43,6 +53,10 @@ const DESC: usize = 16;
 pub fn queue_region_size(queue_size: u16) -> usize {
     (HEADER + DESC * queue_size as usize).next_multiple_of(64)
 }
+
+/// Bytes of device state after the queues' regions.
+pub const STATE_SIZE: usize = 64;
+const STATE_MAGIC: u64 = u64::from_le_bytes(*b"mqblkst1");
 
 /// A mapped in-flight region.
 pub struct InflightRegion {
@@ -75,7 +89,7 @@ impl InflightRegion {
         if num_queues == 0 || queue_size == 0 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let size = queue_region_size(queue_size) * num_queues as usize;
+        let size = queue_region_size(queue_size) * num_queues as usize + STATE_SIZE;
         // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
         let fd = unsafe { libc::memfd_create(c"mqblk-inflight".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -129,6 +143,49 @@ impl InflightRegion {
             num_queues,
             _file: file,
         })
+    }
+
+    /// The region's size in bytes (never zero).
+    pub fn size(&self) -> usize {
+        self.len
+    }
+
+    /// Offset of the device state, if the region has room for it after the queues.
+    fn state_offset(&self) -> Option<usize> {
+        let off = queue_region_size(self.queue_size) * self.num_queues as usize;
+        (self.len >= off + STATE_SIZE).then_some(off)
+    }
+
+    fn state<T>(&self, off: usize, field: usize) -> &T {
+        debug_assert!(off + field + std::mem::size_of::<T>() <= self.len);
+        // SAFETY: `off` comes from `state_offset`, so `off + STATE_SIZE <= len` and every
+        // field (at most 16 bytes in) lies inside the mapping; `off` is a multiple of 64, so
+        // the u64 magic is aligned; the mapping lives as long as `self`; atomics make the
+        // shared access sound.
+        unsafe { &*(self.ptr.add(off + field) as *const T) }
+    }
+
+    /// The cache mode a previous mqblk saved here (true: write-back), if any.
+    pub fn saved_writeback(&self) -> Option<bool> {
+        let off = self.state_offset()?;
+        if self.state::<AtomicU64>(off, 0).load(Ordering::Acquire) != STATE_MAGIC
+            || self.state::<AtomicU8>(off, 8).load(Ordering::Relaxed) != 1
+        {
+            return None;
+        }
+        Some(self.state::<AtomicU8>(off, 9).load(Ordering::Relaxed) != 0)
+    }
+
+    /// Saves the cache mode for a restarted mqblk (nothing, in a region without room).
+    pub fn save_writeback(&self, writeback: bool) {
+        let Some(off) = self.state_offset() else {
+            return;
+        };
+        self.state::<AtomicU8>(off, 9)
+            .store(u8::from(writeback), Ordering::Relaxed);
+        self.state::<AtomicU8>(off, 8).store(1, Ordering::Relaxed);
+        self.state::<AtomicU64>(off, 0)
+            .store(STATE_MAGIC, Ordering::Release);
     }
 
     /// The tracking handle of queue `q`, if the region covers it.

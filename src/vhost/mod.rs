@@ -576,6 +576,9 @@ impl VhostUserBackendReqHandlerMut for Device {
         for w in &self.export.workers {
             w.send(Command::SetWriteback(wb));
         }
+        if let Some(r) = &self.inflight {
+            r.save_writeback(wb);
+        }
         Ok(())
     }
 
@@ -604,7 +607,8 @@ impl VhostUserBackendReqHandlerMut for Device {
         }
         let (region, file) = InflightRegion::create(msg.num_queues, msg.queue_size)
             .map_err(VhuError::ReqHandlerError)?;
-        let size = inflight::queue_region_size(msg.queue_size) as u64 * u64::from(msg.num_queues);
+        let size = region.size() as u64;
+        region.save_writeback(self.writeback);
         self.inflight = Some(Arc::new(region));
         Ok((
             VhostUserInflight::new(size, 0, msg.num_queues, msg.queue_size),
@@ -635,6 +639,23 @@ impl VhostUserBackendReqHandlerMut for Device {
             tracing::warn!(err = %e, "SET_INFLIGHT_FD region refused");
             VhuError::ReqHandlerError(e)
         })?;
+        // A restart: the frontend does not repeat the guest's CONFIG_WCE choice, but the
+        // previous mqblk saved it in the region.
+        match region.saved_writeback() {
+            Some(wb) => {
+                if wb != self.writeback {
+                    tracing::info!(
+                        writeback = wb,
+                        "cache mode restored from the in-flight region"
+                    );
+                    self.writeback = wb;
+                    for w in &self.export.workers {
+                        w.send(Command::SetWriteback(wb));
+                    }
+                }
+            }
+            None => region.save_writeback(self.writeback),
+        }
         self.inflight = Some(Arc::new(region));
         Ok(())
     }
