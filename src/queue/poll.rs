@@ -9,11 +9,12 @@
 //!   to zero below the starting step); in between keeps it;
 //! - a sleep longer than [`IDLE_NS`] means the load stopped: the window halves at once, so an
 //!   idle worker soon burns no CPU at all;
-//! - at window zero, a sleep woken within the maximum window means polling would have caught
-//!   the event: the window starts at the first step;
-//! - at window zero, after [`PROBE_EVERY`] sleeps in a row that were not idle, one epoch is
-//!   polled at the maximum window (a probe); if under a quarter of it hits, the window goes
-//!   straight back to zero. Sleep lengths alone can mislead: on a VM a woken
+//! - at window zero, after [`PROBE_EVERY`] sleeps that were not idle (a sleep woken within the
+//!   maximum window, which polling would have caught, counts 16 times), one epoch is polled at
+//!   the maximum window (a probe); if under a quarter of it hits, the window goes straight
+//!   back to zero. (Starting from a small window instead fails where wake-ups are slow: the
+//!   small window misses, shrinks back to zero, and the probe that would show polling paying
+//!   never comes.) Sleep lengths alone can mislead: on a VM a woken
 //!   thread can take longer than the whole window to run, so a busy queue looks like long
 //!   sleeps although polling (which keeps the CPU from halting) would catch nearly every
 //!   request. The probe's hit rate settles it; when polling does not pay, it costs at most
@@ -165,13 +166,13 @@ impl PollPolicy {
         if self.window_ns > 0 {
             return;
         }
-        if slept_ns <= self.max_ns {
-            // The event came soon after we went to sleep: polling would have caught it.
-            self.grow();
-            self.zero_sleeps = 0;
-            return;
-        }
-        self.zero_sleeps += 1;
+        // An event that came within the maximum window after we went to sleep would have been
+        // caught by polling: such sleeps bring the probe 16 times sooner.
+        self.zero_sleeps += if slept_ns <= self.max_ns {
+            PROBE_EVERY / 16
+        } else {
+            1
+        };
         if self.zero_sleeps >= PROBE_EVERY {
             // Busy but with long wake-ups: find out whether polling pays.
             self.zero_sleeps = 0;
@@ -207,12 +208,21 @@ mod tests {
         }
     }
 
+    /// Short sleeps at window zero: a probe at the maximum after 16 of them.
+    fn start(p: &mut PollPolicy) {
+        for _ in 0..16 {
+            assert_eq!(p.window_ns(), 0);
+            p.on_sleep(1_000);
+        }
+        assert!(p.window_ns() > 0, "16 short sleeps brought no probe");
+    }
+
     #[test]
-    fn short_sleep_starts_polling_and_hits_grow_it_to_max() {
+    fn short_sleeps_bring_a_probe_and_hits_keep_the_window() {
         let mut p = PollPolicy::new(PollMode::Adaptive, 50);
         assert_eq!(p.window_ns(), 0);
-        p.on_sleep(10_000);
-        assert_eq!(p.window_ns(), GROW_START_NS);
+        start(&mut p);
+        assert_eq!(p.window_ns(), 50_000);
         for _ in 0..10 {
             epoch(&mut p, EPOCH);
         }
@@ -227,7 +237,7 @@ mod tests {
     #[test]
     fn misses_shrink_to_zero() {
         let mut p = PollPolicy::new(PollMode::Adaptive, 64);
-        p.on_sleep(1_000);
+        start(&mut p);
         for _ in 0..10 {
             epoch(&mut p, EPOCH);
         }
@@ -244,7 +254,7 @@ mod tests {
     #[test]
     fn idle_sleeps_shrink_at_once_and_never_probe() {
         let mut p = PollPolicy::new(PollMode::Adaptive, 64);
-        p.on_sleep(1_000);
+        start(&mut p);
         for _ in 0..10 {
             epoch(&mut p, EPOCH);
         }
