@@ -43,7 +43,7 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 const MARK: &str = "MQBLK-GUEST: ";
 #[path = "support/proc.rs"]
 mod proc;
-use proc::{build_initramfs, tool_version, Proc};
+use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static and the guest kernel";
@@ -277,49 +277,22 @@ impl Run {
 
     /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
     fn start_qemu(&self, kernel: &Path, initramfs: &Path) -> Proc {
-        let log = self.log_file(&self.qemu_log);
-        let log2 = log.try_clone().expect("duplicate the QEMU log's fd");
         let append = format!(
             "console=ttyS0 panic=-1 loglevel=4 mqblk.seed={} mqblk.expect_queues={QUEUES}",
             self.seed
         );
-        let args: Vec<(&str, String)> = vec![
-            ("-nodefaults", String::new()),
-            ("-no-user-config", String::new()),
-            ("-accel", "tcg".into()),
-            ("-smp", "2".into()),
-            ("-m", "512M".into()),
-            // vhost-user needs guest memory that the backend can map: a shared memfd.
-            (
-                "-object",
-                "memory-backend-memfd,id=mem,size=512M,share=on".into(),
-            ),
-            ("-machine", "q35,memory-backend=mem".into()),
-            (
-                "-chardev",
-                format!("socket,id=vub0,path={}", self.socket.display()),
-            ),
-            (
-                "-device",
-                format!("vhost-user-blk-pci,chardev=vub0,num-queues={QUEUES}"),
-            ),
-            ("-display", "none".into()),
-            ("-monitor", "none".into()),
-            ("-serial", format!("file:{}", self.console.display())),
-            ("-no-reboot", String::new()),
-            ("-kernel", kernel.display().to_string()),
-            ("-initrd", initramfs.display().to_string()),
-            ("-append", append),
-        ];
-        let mut cmd = Command::new("qemu-system-x86_64");
-        for (opt, value) in args {
-            cmd.arg(opt);
-            if !value.is_empty() {
-                cmd.arg(value);
-            }
-        }
-        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
-        Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
+        spawn_qemu(Qemu {
+            smp: 2,
+            cpu: None,
+            socket: &self.socket,
+            chardev_extra: String::new(),
+            queues: QUEUES,
+            console: &self.console,
+            kernel,
+            initramfs,
+            append,
+            log: self.log_file(&self.qemu_log),
+        })
     }
 
     fn console(&self) -> String {

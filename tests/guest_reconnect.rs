@@ -129,7 +129,7 @@ const KERNEL_TROUBLE: &[&str] = &[
 ];
 #[path = "support/proc.rs"]
 mod proc;
-use proc::{build_initramfs, tool_version, Proc};
+use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static, fio and the guest kernel";
@@ -1074,59 +1074,28 @@ impl Run {
 
     /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
     fn start_qemu(&self, kernel: &Path, initramfs: &Path) -> Proc {
-        let log = self.log_file(&self.qemu_log);
-        let log2 = log.try_clone().expect("duplicate the QEMU log's fd");
         let append = format!(
             "console=ttyS0 panic=-1 loglevel=4 mqblk.seed={} mqblk.expect_queues={QUEUES} \
              mqblk.jobs={JOBS} mqblk.fio_offset_mb={FIO_OFFSET_MB} \
              mqblk.fio_size_mb={FIO_SIZE_MB} mqblk.workload_max_s={WORKLOAD_MAX_S}",
             self.seed
         );
-        let args: Vec<(&str, String)> = vec![
-            ("-nodefaults", String::new()),
-            ("-no-user-config", String::new()),
-            ("-accel", "tcg".into()),
+        // reconnect-ms: when the backend goes away, QEMU retries the socket at this
+        // interval and, once connected, sets the device up again (with the in-flight
+        // region, where the backend offers VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
+        spawn_qemu(Qemu {
+            smp: QUEUES,
             // SSE4.2 and friends: fio and the kernel use them where they can.
-            ("-cpu", "max".into()),
-            ("-smp", QUEUES.to_string()),
-            ("-m", "512M".into()),
-            // vhost-user needs guest memory that the backend can map: a shared memfd.
-            (
-                "-object",
-                "memory-backend-memfd,id=mem,size=512M,share=on".into(),
-            ),
-            ("-machine", "q35,memory-backend=mem".into()),
-            // reconnect-ms: when the backend goes away, QEMU retries the socket at this
-            // interval and, once connected, sets the device up again (with the in-flight
-            // region, where the backend offers VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
-            (
-                "-chardev",
-                format!(
-                    "socket,id=vub0,path={},reconnect-ms={RECONNECT_MS}",
-                    self.socket.display()
-                ),
-            ),
-            (
-                "-device",
-                format!("vhost-user-blk-pci,chardev=vub0,num-queues={QUEUES}"),
-            ),
-            ("-display", "none".into()),
-            ("-monitor", "none".into()),
-            ("-serial", format!("file:{}", self.console.display())),
-            ("-no-reboot", String::new()),
-            ("-kernel", kernel.display().to_string()),
-            ("-initrd", initramfs.display().to_string()),
-            ("-append", append),
-        ];
-        let mut cmd = Command::new("qemu-system-x86_64");
-        for (opt, value) in args {
-            cmd.arg(opt);
-            if !value.is_empty() {
-                cmd.arg(value);
-            }
-        }
-        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
-        Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
+            cpu: Some("max"),
+            socket: &self.socket,
+            chardev_extra: format!(",reconnect-ms={RECONNECT_MS}"),
+            queues: QUEUES,
+            console: &self.console,
+            kernel,
+            initramfs,
+            append,
+            log: self.log_file(&self.qemu_log),
+        })
     }
 
     /// Kills, in flight, durations: printed on success and on failure.

@@ -70,10 +70,9 @@ pub struct Tuning {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            // Hit-rate-driven adaptive polling, yielding the CPU while it spins: ahead of
-            // poll=off by 2.5x at iodepth 32 and 6.8x at iodepth 1 with one job on 2 vCPUs,
-            // behind by about a quarter only when busy threads outnumber CPUs
-            // (docs/PERFORMANCE.md section 5).
+            // Hit-rate-driven adaptive polling, yielding the CPU while it spins: well ahead of
+            // poll=off with one job on 2 vCPUs, behind by about a fifth only when busy threads
+            // outnumber CPUs (docs/PERFORMANCE.md section 5c).
             poll: PollMode::Adaptive,
             poll_max_us: 32,
             batch_wait_us: 0,

@@ -188,6 +188,24 @@ fn einval() -> VhuError {
     VhuError::InvalidParam
 }
 
+/// Refuses an in-flight region description (GET_ or SET_INFLIGHT_FD) with no queues, more
+/// queues than the export has, or queues of size 0 or larger than it allows.
+fn check_inflight_shape(cfg: &ExportConfig, msg: &VhostUserInflight, what: &str) -> VhuResult<()> {
+    if msg.num_queues == 0
+        || msg.num_queues > cfg.queues
+        || msg.queue_size == 0
+        || msg.queue_size > cfg.queue_size
+    {
+        tracing::warn!(
+            num_queues = msg.num_queues,
+            queue_size = msg.queue_size,
+            "{what} with an invalid queue count or size"
+        );
+        return Err(einval());
+    }
+    Ok(())
+}
+
 impl Device {
     /// A fresh device for a new connection.
     pub fn new(export: Arc<ExportShared>) -> Self {
@@ -593,18 +611,7 @@ impl VhostUserBackendReqHandlerMut for Device {
     }
 
     fn get_inflight_fd(&mut self, msg: &VhostUserInflight) -> VhuResult<(VhostUserInflight, File)> {
-        if msg.num_queues == 0
-            || msg.num_queues > self.export.cfg.queues
-            || msg.queue_size == 0
-            || msg.queue_size > self.export.cfg.queue_size
-        {
-            tracing::warn!(
-                num_queues = msg.num_queues,
-                queue_size = msg.queue_size,
-                "GET_INFLIGHT_FD with an invalid queue count or size"
-            );
-            return Err(einval());
-        }
+        check_inflight_shape(&self.export.cfg, msg, "GET_INFLIGHT_FD")?;
         let (region, file) = InflightRegion::create(msg.num_queues, msg.queue_size)
             .map_err(VhuError::ReqHandlerError)?;
         let size = region.size() as u64;
@@ -617,17 +624,7 @@ impl VhostUserBackendReqHandlerMut for Device {
     }
 
     fn set_inflight_fd(&mut self, msg: &VhostUserInflight, file: File) -> VhuResult<()> {
-        if msg.num_queues == 0
-            || msg.num_queues > self.export.cfg.queues
-            || msg.queue_size > self.export.cfg.queue_size
-        {
-            tracing::warn!(
-                num_queues = msg.num_queues,
-                queue_size = msg.queue_size,
-                "SET_INFLIGHT_FD with an invalid queue count or size"
-            );
-            return Err(einval());
-        }
+        check_inflight_shape(&self.export.cfg, msg, "SET_INFLIGHT_FD")?;
         let region = InflightRegion::map(
             file,
             msg.mmap_offset,

@@ -117,3 +117,77 @@ pub fn build_initramfs(repo: &Path, rel: &str) -> PathBuf {
     );
     path
 }
+
+/// What differs between the guest tests' QEMU runs; [`spawn_qemu`] adds the common rest.
+pub struct Qemu<'a> {
+    /// vCPUs.
+    pub smp: usize,
+    /// `-cpu` model, if not QEMU's default.
+    pub cpu: Option<&'a str>,
+    /// The vhost-user socket.
+    pub socket: &'a Path,
+    /// More chardev options, each with its leading comma (e.g. `,reconnect-ms=200`).
+    pub chardev_extra: String,
+    /// Virtqueues of the vhost-user-blk device.
+    pub queues: usize,
+    /// File for the serial console.
+    pub console: &'a Path,
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    /// Kernel command line.
+    pub append: String,
+    /// QEMU's own stdout and stderr.
+    pub log: std::fs::File,
+}
+
+/// Starts QEMU under TCG with a vhost-user-blk disk on `q.socket` and shared (memfd) guest
+/// memory, booting `q.kernel` and `q.initramfs` with the console in a file.
+pub fn spawn_qemu(q: Qemu) -> Proc {
+    let log2 = q.log.try_clone().expect("duplicate the QEMU log's fd");
+    let mut args: Vec<(&str, String)> = vec![
+        ("-nodefaults", String::new()),
+        ("-no-user-config", String::new()),
+        ("-accel", "tcg".into()),
+    ];
+    if let Some(cpu) = q.cpu {
+        args.push(("-cpu", cpu.into()));
+    }
+    args.extend([
+        ("-smp", q.smp.to_string()),
+        ("-m", "512M".into()),
+        // vhost-user needs guest memory that the backend can map: a shared memfd.
+        (
+            "-object",
+            "memory-backend-memfd,id=mem,size=512M,share=on".into(),
+        ),
+        ("-machine", "q35,memory-backend=mem".into()),
+        (
+            "-chardev",
+            format!(
+                "socket,id=vub0,path={}{}",
+                q.socket.display(),
+                q.chardev_extra
+            ),
+        ),
+        (
+            "-device",
+            format!("vhost-user-blk-pci,chardev=vub0,num-queues={}", q.queues),
+        ),
+        ("-display", "none".into()),
+        ("-monitor", "none".into()),
+        ("-serial", format!("file:{}", q.console.display())),
+        ("-no-reboot", String::new()),
+        ("-kernel", q.kernel.display().to_string()),
+        ("-initrd", q.initramfs.display().to_string()),
+        ("-append", q.append),
+    ]);
+    let mut cmd = Command::new("qemu-system-x86_64");
+    for (opt, value) in args {
+        cmd.arg(opt);
+        if !value.is_empty() {
+            cmd.arg(value);
+        }
+    }
+    cmd.stdin(Stdio::null()).stdout(log2).stderr(q.log);
+    Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
+}
