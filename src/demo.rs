@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context};
 
-use crate::client::{self, Pattern, Workload};
-use crate::config::parse_export_spec;
-use crate::daemon::Export;
+use mqblk::config::parse_export_spec;
+use mqblk::daemon::Export;
+use mqblk_client::{self as client, Pattern, Workload};
 
 /// Settings of a demo run.
 #[derive(Debug, Clone)]

@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
 
+mod demo;
+
 const SPEC_HELP: &str = "\
 SPEC is key=value pairs separated by commas:
   socket=PATH            vhost-user unix socket to listen on (required)
@@ -88,7 +90,7 @@ enum Cmd {
     /// Benchmark mqblk's thread mappings against qemu-storage-daemon and host-native fio:
     /// starts each backend itself, runs every point interleaved across repeats, prints a table
     /// and writes results.json, report.md and iops.png.
-    Bench(Box<mqblk::bench::BenchArgs>),
+    Bench(Box<mqblk_bench::BenchArgs>),
 }
 
 fn init_logging(level: &str) -> Result<(), String> {
@@ -170,7 +172,7 @@ fn main() -> ExitCode {
                 );
             }
             init_logging("warn")?;
-            let opts = mqblk::demo::DemoOptions {
+            let opts = demo::DemoOptions {
                 size,
                 queues,
                 jobs,
@@ -178,16 +180,16 @@ fn main() -> ExitCode {
                 runtime: std::time::Duration::from_secs_f64(runtime),
                 dir,
             };
-            mqblk::demo::run(&opts).map_err(|e| format!("{e:#}"))
+            demo::run(&opts).map_err(|e| format!("{e:#}"))
         })(),
         Cmd::Bench(args) => (|| {
-            let opts = mqblk::bench::BenchOptions::from_args(&args)?;
+            let opts = mqblk_bench::BenchOptions::from_args(&args)?;
             init_logging("warn")?;
             let command = std::env::args()
-                .map(|a| mqblk::bench::shell_quote(&a))
+                .map(|a| mqblk_bench::shell_quote(&a))
                 .collect::<Vec<_>>()
                 .join(" ");
-            mqblk::bench::bench(&opts, &command).map_err(|e| format!("{e:#}"))
+            mqblk_bench::bench(&opts, &command).map_err(|e| format!("{e:#}"))
         })(),
     };
     match result {

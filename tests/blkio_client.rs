@@ -1,5 +1,5 @@
 //! Integration tests: start the real daemon (`mqblk serve`) and drive it with libblkio's
-//! `virtio-blk-vhost-user` driver through `mqblk::client`.
+//! `virtio-blk-vhost-user` driver through `mqblk_client`.
 //!
 //! Every test has its own temp dir, image and socket, and checks the image file on the host as
 //! well as through the daemon, so a daemon that only appears to work (answering from a cache,
@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mqblk::client::{
+use mqblk_client::{
     check_pattern, fill_pattern, run, Client, ConnectOptions, IoError, Pattern, Report, ReqFlags,
     Workload,
 };

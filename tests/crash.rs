@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use mqblk::client::{check_pattern, fill_pattern, Client, Pattern, Workload};
+use mqblk_client::{check_pattern, fill_pattern, Client, Pattern, Workload};
 
 const SIZE: u64 = 16 << 20;
 const BS: usize = 4096;
@@ -42,7 +42,7 @@ fn flushed_data_survives_sigkill() {
         w.block_size = BS;
         w.pattern = Pattern::Verify;
         w.seed = 77;
-        let r = mqblk::client::run(&w).expect("verify run");
+        let r = mqblk_client::run(&w).expect("verify run");
         assert!(r.clean() && r.mismatches == 0, "{r}");
         {
             let mut c = Client::connect(&sock, 2).expect("connect");
@@ -55,7 +55,7 @@ fn flushed_data_survives_sigkill() {
         let d2 = Daemon::start(&dir, &[export]);
         let mut check = w.clone();
         check.pattern = Pattern::Check;
-        let r = mqblk::client::run(&check).expect("check run");
+        let r = mqblk_client::run(&check).expect("check run");
         assert!(r.clean(), "direct={direct}: {r}");
         assert_eq!(r.verified_bytes, SIZE, "direct={direct}: {r}");
         // And on the host, independently of the daemon.

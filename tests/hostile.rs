@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mqblk::client::{check_pattern, fill_pattern, Client, ConnectOptions};
+use mqblk_client::{check_pattern, fill_pattern, Client, ConnectOptions};
 use vmm_sys_util::eventfd::EventFd;
 
 // ---------------------------------------------------------------------------------------------

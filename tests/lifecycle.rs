@@ -4,7 +4,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mqblk::client::Client;
+use mqblk_client::Client;
 
 /// While one frontend is connected, a second one is turned away at once (not left hanging in
 /// the listen backlog), and the first keeps working.

@@ -5,9 +5,9 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use mqblk::client::{self, Pattern, Report, Workload};
 use mqblk::config::parse_export_spec;
 use mqblk::daemon::Export;
+use mqblk_client::{self as client, Pattern, Report, Workload};
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Totals {

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use mqblk::client::{fill_pattern, Client};
+use mqblk_client::{fill_pattern, Client};
 
 fn mqblk_bin() -> PathBuf {
     std::env::var_os("MQBLK_BIN")

@@ -6,7 +6,7 @@ mod common;
 use std::time::Instant;
 
 use common::*;
-use mqblk::client::{fill_pattern, Client};
+use mqblk_client::{fill_pattern, Client};
 
 /// What /proc says about a process.
 #[derive(Debug, Clone, Copy)]

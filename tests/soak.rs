@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mqblk::client::{self, Pattern, Workload};
+use mqblk_client::{self as client, Pattern, Workload};
 
 const SIZE: u64 = 32 << 20;
 

@@ -18,7 +18,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mqblk::client::fill_pattern;
+use mqblk_client::fill_pattern;
 
 /// Longest a daemon may take to create and listen on its sockets.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,12 +7,9 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod blk;
-pub mod client;
 pub mod config;
 pub mod daemon;
-pub mod demo;
 pub mod engine;
 pub mod queue;
 pub mod vhost;

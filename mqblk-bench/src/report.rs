@@ -728,7 +728,7 @@ mod tests {
 
     #[test]
     fn ratios_against_best_qsd_and_native() {
-        use crate::bench::{BenchArgs, BenchOptions};
+        use crate::{BenchArgs, BenchOptions};
         use clap::Parser;
         #[derive(clap::Parser)]
         struct Cli {

@@ -14,7 +14,7 @@ use anyhow::{bail, ensure, Context};
 
 use super::report::{MqblkCounters, Sample};
 use super::{Backend, BenchOptions, EngineKind, PointConfig, WorkloadSpec};
-use crate::client::{self, Workload};
+use mqblk_client::{self as client, Workload};
 
 /// How long a backend may take to start listening, and to exit after SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -78,7 +78,7 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
                 writes.join(", ")
             );
             let f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            let size = crate::engine::blockdev_size(&f)
+            let size = mqblk::engine::blockdev_size(&f)
                 .with_context(|| format!("size of {}", path.display()))?;
             ensure!(
                 size >= 1 << 20,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context};
 use serde::Serialize;
 
-use crate::client::Pattern;
+use mqblk_client::Pattern;
 
 mod plot;
 mod report;
@@ -260,7 +260,7 @@ impl FromStr for WorkloadSpec {
             "write" | "seqwrite" => Pattern::SeqWrite,
             _ => return Err(bad()),
         };
-        let block_size = crate::config::parse_size(&size.to_ascii_uppercase())
+        let block_size = mqblk::config::parse_size(&size.to_ascii_uppercase())
             .filter(|b| *b >= 512 && *b <= 1 << 20 && b % 512 == 0)
             .ok_or_else(bad)? as usize;
         Ok(WorkloadSpec {
@@ -364,7 +364,7 @@ impl BenchOptions {
         let workloads: Vec<WorkloadSpec> = parse_list("workloads", &a.workloads)?;
         let jobs = parse_counts("jobs", &a.jobs, 64)?;
         let iodepths = parse_counts("iodepth", &a.iodepth, 1024)?;
-        let size = crate::config::parse_size(&a.size)
+        let size = mqblk::config::parse_size(&a.size)
             .filter(|s| *s >= 1 << 20 && s % 4096 == 0)
             .ok_or_else(|| format!("--size {}: a multiple of 4K, at least 1M, e.g. 1G", a.size))?;
         if !(a.runtime > 0.0 && a.runtime <= 3600.0) {
