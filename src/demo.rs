@@ -6,13 +6,14 @@
 //! engine uses), verifies the data, and prints what it did and what the backend counted.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{ensure, Context};
 
 use mqblk::config::parse_export_spec;
-use mqblk::daemon::Export;
+use mqblk::daemon::{self, Export};
+use mqblk::engine::OpenError;
+use mqblk::io::IoCounters;
 use mqblk_client::{self as client, Pattern, Workload};
 
 /// Settings of a demo run.
@@ -45,43 +46,18 @@ impl Default for DemoOptions {
     }
 }
 
-/// Sums the I/O threads' counters of an export.
-fn totals(export: &Export) -> [u64; 6] {
-    let mut t = [0u64; 6];
-    for w in &export.shared().workers {
-        let s = &w.stats;
-        t[0] += s.requests.load(Ordering::Relaxed);
-        t[1] += s.submits.load(Ordering::Relaxed);
-        t[2] += s.merges.load(Ordering::Relaxed);
-        t[3] += s.notifies.load(Ordering::Relaxed);
-        t[4] += s.errors.load(Ordering::Relaxed);
-        t[5] += s.kicks.load(Ordering::Relaxed);
-    }
-    t
-}
-
-fn print_backend(label: &str, before: [u64; 6], after: [u64; 6]) {
-    let d: Vec<u64> = before.iter().zip(after).map(|(b, a)| a - b).collect();
-    let per = |x: u64| {
-        if d[0] == 0 {
-            0.0
-        } else {
-            x as f64 / d[0] as f64
-        }
-    };
+fn print_backend(label: &str, before: IoCounters, after: IoCounters) {
+    let requests = after.requests - before.requests;
+    let per_request = |x: u64| x as f64 / requests.max(1) as f64;
+    let submits = after.submits - before.submits;
     println!(
-        "  backend ({label}): {} requests, {:.1} requests per io_uring submit, {} merged, \
+        "  backend ({label}): {requests} requests, {:.1} requests per io_uring submit, {} merged, \
          {:.3} guest notifications and {:.3} kicks per request, {} errors",
-        d[0],
-        if d[1] == 0 {
-            0.0
-        } else {
-            d[0] as f64 / d[1] as f64
-        },
-        d[2],
-        per(d[3]),
-        per(d[5]),
-        d[4]
+        requests as f64 / submits.max(1) as f64,
+        after.merges - before.merges,
+        per_request(after.notifies - before.notifies),
+        per_request(after.kicks - before.kicks),
+        after.errors - before.errors,
     );
 }
 
@@ -113,16 +89,16 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
     let mut direct = "on";
     let export = match Export::start(parse_export_spec(&spec(direct))?) {
         Ok(e) => e,
-        Err(msg) if msg.contains("refuses O_DIRECT") => {
+        Err(daemon::Error::Open(OpenError::DirectRefused(_))) => {
             println!(
                 "note: {} refuses O_DIRECT; serving with direct=off",
                 dir.display()
             );
             let _ = std::fs::remove_file(&img);
             direct = "off";
-            Export::start(parse_export_spec(&spec(direct))?).map_err(anyhow::Error::msg)?
+            Export::start(parse_export_spec(&spec(direct))?)?
         }
-        Err(msg) => anyhow::bail!(msg),
+        Err(e) => return Err(e.into()),
     };
     println!(
         "mqblk demo: serving {} ({} MiB raw image, direct={direct}) on {}",
@@ -133,9 +109,9 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
     println!(
         "  export: {} queues, {} I/O threads ({} mapping), engine {}",
         opts.queues,
-        export.shared().cfg.num_threads(),
-        export.shared().cfg.mapping_name(),
-        export.shared().engine.name()
+        export.device().config().num_threads(),
+        export.device().config().mapping_name(),
+        export.device().engine().name()
     );
     let result = (|| -> anyhow::Result<()> {
         let mut w = Workload::new(&sock);
@@ -147,10 +123,10 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
 
         println!("step 1: write a seeded pattern over the whole disk and read it back (4k, {} jobs x iodepth {})", w.jobs, w.iodepth);
         w.pattern = Pattern::Verify;
-        let before = totals(&export);
+        let before = export.device().counters();
         let r = client::run(&w)?;
         println!("  {r}");
-        print_backend("verify", before, totals(&export));
+        print_backend("verify", before, export.device().counters());
         ensure!(
             r.clean() && r.mismatches == 0 && r.verified_bytes > 0,
             "verification failed: {r}"
@@ -171,10 +147,10 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
         );
         w.pattern = Pattern::RandRead;
         w.runtime = Some(opts.runtime);
-        let before = totals(&export);
+        let before = export.device().counters();
         let r = client::run(&w)?;
         println!("  {r}");
-        print_backend("randread", before, totals(&export));
+        print_backend("randread", before, export.device().counters());
         ensure!(r.clean(), "random reads failed: {r}");
         Ok(())
     })();

@@ -3,38 +3,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::{bail, ensure, Context};
 use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
 
 mod demo;
-
-const SPEC_HELP: &str = "\
-SPEC is key=value pairs separated by commas:
-  socket=PATH            vhost-user unix socket to listen on (required)
-  path=PATH              raw image file or block device (engine=uring); with size= it is created if missing
-  engine=uring|null|mem  uring: io_uring on path (default); null: completes at once, reads give zeros;
-                         mem: RAM disk
-  size=BYTES             capacity, with K/M/G/T suffixes (needed for null and mem)
-  queues=N               virtqueues offered to the guest (default 1, max 64)
-  queue-size=N           maximum virtqueue size (default 1024)
-  threads=per-queue|N    I/O threads: one per queue (default), or N threads with queues spread evenly
-  cpus=LIST              pin I/O thread i to the i-th CPU of LIST, e.g. 2-5,8
-  readonly=on|off        default off; advertises VIRTIO_BLK_F_RO and refuses writes
-  direct=on|off          O_DIRECT (default on)
-  serial=STRING          answer to GET_ID (at most 20 bytes)
-  poll=off|on|adaptive   busy-poll the rings while busy, guest notifications suppressed (default adaptive; off suits CPUs shared by more busy threads than they have)
-  poll-max-us=N          longest poll window in microseconds (default 32; 0 turns polling off)
-  batch-wait-us=N        under heavy load, wait up to N us to grow a batch before submitting (default 0: off)
-  merge=on|off           merge adjacent requests of a queue into one host I/O (default on)
-  fixed-files=on|off     register the backing file with each io_uring (default on)
-  fixed-buffers=on|off   register guest memory as io_uring fixed buffers; pins it (default off)
-  sqpoll-idle-ms=N       kernel SQ polling thread per I/O thread, idle after N ms (default 0: off)
-  coop-taskrun=on|off    completions never interrupt a running I/O thread (default on; kernel 6.0+)
-
-Thread mappings: queues=1,threads=1 is baseline; queues=N,threads=1 is mq;
-queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).
-The TOML config file carries the same keys, one [[export]] table per disk.";
 
 #[derive(Parser)]
 #[command(
@@ -50,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve one or more disks, each on its own vhost-user socket.
-    #[command(after_help = SPEC_HELP)]
+    #[command(after_help = config::keys::spec_help())]
     Serve {
         /// An export: key=value pairs separated by commas (see below). Repeatable.
         #[arg(long = "export", value_name = "SPEC")]
@@ -93,16 +67,14 @@ enum Cmd {
     Bench(Box<mqblk_bench::BenchArgs>),
 }
 
-fn init_logging(level: &str) -> Result<(), String> {
+fn init_logging(level: &str) -> anyhow::Result<()> {
     const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
     let filter = if LEVELS.contains(&level) {
         format!("mqblk={level},warn")
     } else if level.contains('=') {
         level.to_string()
     } else {
-        return Err(format!(
-            "invalid --log-level {level}: use error, warn, info, debug or trace"
-        ));
+        bail!("invalid --log-level {level}: use error, warn, info, debug or trace");
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -116,40 +88,91 @@ fn init_logging(level: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The exports of `--config` and every `--export`, checked against each other, and the
+/// config file's log level.
 fn load_exports(
     specs: &[String],
     config_file: Option<&PathBuf>,
-) -> Result<(Vec<ExportConfig>, Option<String>), String> {
+) -> anyhow::Result<(Vec<ExportConfig>, Option<String>)> {
     let mut exports = Vec::new();
     let mut level = None;
     if let Some(path) = config_file {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+            .with_context(|| format!("cannot read --config {}", path.display()))?;
         let (ex, lvl) = config::parse_config_file(&text)
-            .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            .with_context(|| format!("--config {}", path.display()))?;
         exports.extend(ex);
         level = lvl;
     }
     for s in specs {
-        exports.push(config::parse_export_spec(s).map_err(|e| format!("--export {s}: {e}"))?);
+        exports.push(config::parse_export_spec(s).with_context(|| format!("--export {s}"))?);
     }
     config::check_exports(&exports)?;
     Ok((exports, level))
 }
 
+fn serve(
+    exports: &[String],
+    config: Option<&PathBuf>,
+    log_level: Option<String>,
+    stats_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let (exports, file_level) = load_exports(exports, config)?;
+    init_logging(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
+    mqblk::daemon::serve(exports, stats_file)?;
+    Ok(())
+}
+
+fn run_demo(
+    size: &str,
+    queues: u16,
+    jobs: usize,
+    iodepth: usize,
+    runtime: f64,
+    dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let size = config::parse_size(size)
+        .filter(|s| *s >= 1 << 20 && s % 4096 == 0)
+        .with_context(|| {
+            format!("invalid --size {size}: a multiple of 4K, at least 1M, e.g. 256M")
+        })?;
+    ensure!(
+        (1..=64).contains(&queues),
+        "invalid --queues {queues}: 1 to 64"
+    );
+    ensure!(
+        jobs > 0 && iodepth > 0 && runtime > 0.0 && runtime <= 3600.0,
+        "--jobs and --iodepth must be at least 1, --runtime 0 to 3600 s"
+    );
+    init_logging("warn")?;
+    demo::run(&demo::DemoOptions {
+        size,
+        queues,
+        jobs,
+        iodepth,
+        runtime: std::time::Duration::from_secs_f64(runtime),
+        dir,
+    })
+}
+
+fn run_bench(args: &mqblk_bench::BenchArgs) -> anyhow::Result<()> {
+    let opts = mqblk_bench::BenchOptions::from_args(args).map_err(anyhow::Error::msg)?;
+    init_logging("warn")?;
+    let command = std::env::args()
+        .map(|a| mqblk_bench::shell_quote(&a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    mqblk_bench::bench(&opts, &command)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.cmd {
+    let result = match Cli::parse().cmd {
         Cmd::Serve {
             exports,
             config,
             log_level,
             stats_file,
-        } => load_exports(&exports, config.as_ref()).and_then(|(ex, file_level)| {
-            let level = log_level.or(file_level).unwrap_or_else(|| "info".into());
-            init_logging(&level)?;
-            mqblk::daemon::serve(ex, stats_file)
-        }),
+        } => serve(&exports, config.as_ref(), log_level, stats_file),
         Cmd::Demo {
             size,
             queues,
@@ -157,45 +180,13 @@ fn main() -> ExitCode {
             iodepth,
             runtime,
             dir,
-        } => (|| {
-            let size = config::parse_size(&size)
-                .filter(|s| *s >= 1 << 20 && s % 4096 == 0)
-                .ok_or_else(|| {
-                    format!("invalid --size {size}: a multiple of 4K, at least 1M, e.g. 256M")
-                })?;
-            if !(1..=64).contains(&queues) {
-                return Err(format!("invalid --queues {queues}: 1 to 64"));
-            }
-            if jobs == 0 || iodepth == 0 || !(runtime > 0.0 && runtime <= 3600.0) {
-                return Err(
-                    "--jobs and --iodepth must be at least 1, --runtime 0 to 3600 s".into(),
-                );
-            }
-            init_logging("warn")?;
-            let opts = demo::DemoOptions {
-                size,
-                queues,
-                jobs,
-                iodepth,
-                runtime: std::time::Duration::from_secs_f64(runtime),
-                dir,
-            };
-            demo::run(&opts).map_err(|e| format!("{e:#}"))
-        })(),
-        Cmd::Bench(args) => (|| {
-            let opts = mqblk_bench::BenchOptions::from_args(&args)?;
-            init_logging("warn")?;
-            let command = std::env::args()
-                .map(|a| mqblk_bench::shell_quote(&a))
-                .collect::<Vec<_>>()
-                .join(" ");
-            mqblk_bench::bench(&opts, &command).map_err(|e| format!("{e:#}"))
-        })(),
+        } => run_demo(&size, queues, jobs, iodepth, runtime, dir),
+        Cmd::Bench(args) => run_bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("mqblk: error: {e}");
+            eprintln!("mqblk: error: {e:#}");
             ExitCode::FAILURE
         }
     }

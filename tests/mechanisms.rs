@@ -2,41 +2,16 @@
 //! data still verifies either way. Counters are read from the export's I/O threads directly
 //! (the export runs in this process).
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use mqblk::config::parse_export_spec;
 use mqblk::daemon::Export;
+use mqblk::io::IoCounters as Totals;
 use mqblk_client::{self as client, Pattern, Report, Workload};
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Totals {
-    requests: u64,
-    submits: u64,
-    merges: u64,
-    kicks: u64,
-    poll_hits: u64,
-    batch_waits: u64,
-    enters: u64,
-    fixed_buf_ios: u64,
-    fixed_file_ios: u64,
-}
-
+/// The export's I/O threads' counters, summed.
 fn totals(e: &Export) -> Totals {
-    let mut t = Totals::default();
-    for w in &e.shared().workers {
-        let s = &w.stats;
-        t.requests += s.requests.load(Relaxed);
-        t.submits += s.submits.load(Relaxed);
-        t.merges += s.merges.load(Relaxed);
-        t.kicks += s.kicks.load(Relaxed);
-        t.poll_hits += s.poll_hits.load(Relaxed);
-        t.batch_waits += s.batch_waits.load(Relaxed);
-        t.enters += s.enters.load(Relaxed);
-        t.fixed_buf_ios += s.fixed_buf_ios.load(Relaxed);
-        t.fixed_file_ios += s.fixed_file_ios.load(Relaxed);
-    }
-    t
+    e.device().counters()
 }
 
 /// Serves a 16 MiB image with `opts`, runs `w` against it, returns the report and counters.

@@ -5,8 +5,8 @@
 //! space), a descriptor table, an indirect table, request headers and discard segments, and the
 //! avail ring (heads, and an avail index that may run ahead of the queue). It then does what an
 //! mqblk I/O thread does with that ring: pop every chain (`virtio_queue::Queue`), parse it with
-//! [`mqblk::blk::parse`], map the data buffers of a valid read/write the way the worker does
-//! (`get_slices`), write the status byte and add the used entry, and checks invariants at every
+//! [`mqblk::blk::parse`], map the data buffers of a valid read/write with the I/O thread's own
+//! `map_segments`, write the status byte and add the used entry, and checks invariants at every
 //! step (see [`check_outcome`]). Every chain is also walked with mqblk's own
 //! [`ChainWalker`] (which resubmits in-flight heads after a reconnect), which must yield exactly
 //! the descriptors virtio-queue yields.
@@ -21,13 +21,14 @@
 use arbitrary::Arbitrary;
 use mqblk::blk::chain::ChainWalker;
 use mqblk::blk::{self, Kind, Limits, Rejected, Request, Scratch, Segment};
+use mqblk::io::slots::{map_segments, IOV_MAX};
 use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-/// The guest memory type of the targets (the same as the worker's).
+/// The guest memory type of the targets (the I/O threads').
 pub type Mem = GuestMemoryMmap<()>;
 
 /// Descriptor flag bits, as u16.
@@ -289,8 +290,8 @@ pub fn build_memory(regions: &'static [(u64, usize)], fill: u8) -> Mem {
 /// * a valid request stays inside the capacity (sector + len/512 <= capacity, no overflow),
 ///   its length is what its segments add up to (reads/writes: a multiple of 512), and it is
 ///   not a write on a read-only export;
-/// * the data segments, mapped the way the worker maps them (`get_slices`), either all map and
-///   then lie entirely in guest memory, or the mapping fails (the worker then answers IOERR):
+/// * the data segments, mapped by the I/O thread's own code (`map_segments`), either all map and
+///   then lie entirely in guest memory, or the mapping fails (the I/O thread then answers IOERR):
 ///   never a partial or out-of-memory mapping;
 /// * reads/writes point no segment at the status byte's own descriptor tail.
 pub fn check_outcome(
@@ -326,7 +327,7 @@ pub fn check_outcome(
                     assert_eq!(total, req.len, "segments do not add up: {req:?} {segs:?}");
                     assert!(!(limits.readonly && req.kind == Kind::Write), "write on RO");
                     let _ = req.offset(); // must not overflow
-                    map_like_worker(mem, segs);
+                    map_like_io_thread(mem, segs);
                 }
                 Kind::Discard | Kind::WriteZeroes { .. } => {
                     assert!(end <= limits.capacity_sectors, "past capacity: {req:?}");
@@ -349,31 +350,30 @@ pub fn check_outcome(
     }
 }
 
-/// Maps data segments to host slices exactly as the worker does, and checks the result.
-pub fn map_like_worker(mem: &Mem, segs: &[Segment]) {
-    for s in segs {
-        let mut mapped = 0usize;
-        let mut failed = false;
-        for vs in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
-            match vs {
-                Ok(vs) => mapped += vs.len(),
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
-        let inside = s
-            .addr
+/// Maps data segments with the I/O thread's own code ([`map_segments`]) and checks the result:
+/// either every segment lies in guest memory and the iovecs cover exactly the segments' bytes,
+/// or the mapping is refused (the I/O thread then answers IOERR).
+pub fn map_like_io_thread(mem: &Mem, segs: &[Segment]) {
+    let mut iovs = Vec::new();
+    let inside = |s: &Segment| {
+        s.addr
             .checked_add(u64::from(s.len).saturating_sub(1))
             .is_some()
-            && mem.check_range(s.addr, s.len as usize);
-        if failed {
-            assert!(!inside, "segment inside memory failed to map: {s:?}");
-        } else {
-            assert_eq!(mapped, s.len as usize, "partial mapping of {s:?}");
-            assert!(inside || s.len == 0, "segment outside memory mapped: {s:?}");
+            && mem.check_range(s.addr, s.len as usize)
+    };
+    if map_segments(mem, segs, &mut iovs) {
+        let mapped: usize = iovs.iter().map(|v| v.iov_len).sum();
+        let want: usize = segs.iter().map(|s| s.len as usize).sum();
+        assert_eq!(mapped, want, "partial mapping of {segs:?}");
+        assert!(iovs.len() <= IOV_MAX);
+        for s in segs {
+            assert!(inside(s) || s.len == 0, "segment outside memory mapped: {s:?}");
         }
+    } else {
+        assert!(
+            segs.iter().any(|s| !inside(s) && s.len > 0) || segs.len() > IOV_MAX / 2,
+            "segments inside memory failed to map: {segs:?}"
+        );
     }
 }
 
@@ -470,10 +470,10 @@ pub fn run_queue_with(input: &Input, seen: &mut Observer<'_>) -> (usize, usize) 
         if res.is_ok() {
             ok += 1;
         }
-        // Bad heads are refused by add_used; the worker logs and goes on, so do we.
+        // Bad heads are refused by add_used; the I/O thread logs and goes on, so do we.
         let _ = q.add_used(&mem, head, 1);
     }
-    // The worker's notification check reads the rings too.
+    // The I/O thread's notification check reads the rings too.
     let _ = q.needs_notification(&mem);
     let _ = q.enable_notification(&mem);
     (popped, ok)

@@ -7,37 +7,19 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use mqblk::io::IoCounters;
+
 use super::{Backend, BenchOptions, PointConfig, Stat};
 
-/// mqblk's own counters for one sample (from `mqblk serve --stats-file`).
+/// mqblk's own counters for one sample (from `mqblk serve --stats-file`, its exports
+/// summed), and the ratios the report shows.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct MqblkCounters {
     /// I/O threads.
     pub threads: u64,
-    /// Requests completed.
-    pub requests: u64,
-    /// Requests that failed.
-    pub errors: u64,
-    /// io_uring_enter calls that carried at least one I/O request.
-    pub submits: u64,
-    /// io_uring_enter calls of any kind (submissions, waits).
-    pub enters: u64,
-    /// Requests handed to the engine.
-    pub submitted: u64,
-    /// Guest notifications (call eventfd writes).
-    pub notifies: u64,
-    /// Requests folded into another's host I/O.
-    pub merges: u64,
-    /// Kicks received.
-    pub kicks: u64,
-    /// Polls that found work.
-    pub poll_hits: u64,
-    /// Poll windows that expired.
-    pub poll_misses: u64,
-    /// Times an I/O thread slept in the kernel.
-    pub sleeps: u64,
-    /// Batch waits.
-    pub batch_waits: u64,
+    /// The I/O threads' counters (the daemon's one definition of them).
+    #[serde(flatten)]
+    pub counters: IoCounters,
     /// submitted / submits.
     pub reqs_per_submit: Option<f64>,
     /// merges / requests.
@@ -51,14 +33,18 @@ pub struct MqblkCounters {
 }
 
 impl MqblkCounters {
-    /// Fills in the ratios.
-    pub fn derive(&mut self) {
+    /// The counters of `threads` I/O threads, with the ratios.
+    pub fn new(threads: u64, c: IoCounters) -> Self {
         let per = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
-        self.reqs_per_submit = per(self.submitted, self.submits);
-        self.merges_per_io = per(self.merges, self.requests);
-        self.notifies_per_io = per(self.notifies, self.requests);
-        self.kicks_per_io = per(self.kicks, self.requests);
-        self.enters_per_io = per(self.enters, self.requests);
+        MqblkCounters {
+            threads,
+            reqs_per_submit: per(c.submitted, c.submits),
+            merges_per_io: per(c.merges, c.requests),
+            notifies_per_io: per(c.notifies, c.requests),
+            kicks_per_io: per(c.kicks, c.requests),
+            enters_per_io: per(c.enters, c.requests),
+            counters: c,
+        }
     }
 }
 

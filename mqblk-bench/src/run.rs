@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 
+use mqblk::daemon::stats::StatsFile;
+use mqblk::io::IoCounters;
+
 use super::report::{MqblkCounters, Sample};
 use super::{Backend, BenchOptions, EngineKind, PointConfig, WorkloadSpec};
 use mqblk_client::{self as client, Workload};
@@ -679,29 +682,14 @@ fn read_stats(path: &Path) -> anyhow::Result<MqblkCounters> {
 
 /// Parses the stats file, summing its exports.
 pub fn parse_stats(text: &str) -> anyhow::Result<MqblkCounters> {
-    let v: serde_json::Value = serde_json::from_str(text).context("mqblk's stats file")?;
-    let exports = v["exports"]
-        .as_array()
-        .context("mqblk's stats file has no exports")?;
-    let mut c = MqblkCounters::default();
-    for e in exports {
-        let g = |k: &str| e[k].as_u64().unwrap_or(0);
-        c.threads += g("threads");
-        c.requests += g("requests");
-        c.errors += g("errors");
-        c.submits += g("submits");
-        c.submitted += g("submitted");
-        c.enters += g("enters");
-        c.notifies += g("notifies");
-        c.merges += g("merges");
-        c.kicks += g("kicks");
-        c.poll_hits += g("poll_hits");
-        c.poll_misses += g("poll_misses");
-        c.sleeps += g("sleeps");
-        c.batch_waits += g("batch_waits");
+    let file: StatsFile = serde_json::from_str(text).context("mqblk's stats file")?;
+    let mut total = IoCounters::default();
+    let mut threads = 0;
+    for e in &file.exports {
+        threads += e.threads as u64;
+        total.add(&e.counters);
     }
-    c.derive();
-    Ok(c)
+    Ok(MqblkCounters::new(threads, total))
 }
 
 /// Reads the sample out of fio's JSON output (one group-reported job).
@@ -782,7 +770,13 @@ mod tests {
             "submits":10,"submitted":90,"notifies":5,"merges":0,"kicks":1,"errors":1}]}"#;
         let c = parse_stats(t).unwrap();
         assert_eq!(
-            (c.threads, c.requests, c.submits, c.merges, c.errors),
+            (
+                c.threads,
+                c.counters.requests,
+                c.counters.submits,
+                c.counters.merges,
+                c.counters.errors
+            ),
             (3, 200, 20, 20, 1)
         );
         assert_eq!(c.reqs_per_submit, Some(9.0));

@@ -1,18 +1,30 @@
 //! Storage engines behind one trait.
 //!
-//! An engine turns a validated operation into the io_uring submission that performs it, or says
-//! that it completed at once (the null engine). Each I/O thread has its own io_uring; engines are
-//! shared, immutable and lock-free, so threads never contend on them.
+//! An [`Engine`] is an export's opened storage, shared by its I/O threads. Each I/O thread asks
+//! it once for a [`Channel`] (the SPDK notion: one thread's private context on a shared
+//! device) and starts every operation through it. A channel answers each operation in one of
+//! three ways ([`Started`]): an io_uring entry for the thread's own ring (file, block device,
+//! RAM disk), a result at once (the null engine), or "pending" for an engine that completes on
+//! its own completion source, an fd the thread's ring polls (a network or librbd engine).
+//! Whichever way, the result comes back to the thread that started the operation.
+//!
+//! To add an engine: a file here with a type implementing [`Engine`] and [`Channel`], a variant
+//! of [`EngineKind`](crate::config::EngineKind) and its `engine=` value in
+//! [`config::keys`](crate::config::keys), and a line in [`open`].
 
-use std::fs::{File, OpenOptions};
+mod mem;
+mod null;
+mod uring;
+
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::os::fd::RawFd;
 
-use io_uring::{opcode, squeue, types};
+use io_uring::squeue;
 
 use crate::config::{EngineKind, ExportConfig};
+
+pub use null::NullEngine;
+pub use uring::{blockdev_size, UringEngine};
 
 /// One operation on the disk. Offsets and lengths are in bytes and already range-checked.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +33,7 @@ pub enum Op {
     Read {
         /// Byte offset.
         offset: u64,
-        /// Host iovecs (guest memory), valid until the completion.
+        /// Host iovecs (guest memory), valid and writable until the operation completes.
         iovs: *const libc::iovec,
         /// Number of iovecs.
         iovcnt: u32,
@@ -32,7 +44,7 @@ pub enum Op {
     Write {
         /// Byte offset.
         offset: u64,
-        /// Host iovecs (guest memory), valid until the completion.
+        /// Host iovecs (guest memory), valid until the operation completes.
         iovs: *const libc::iovec,
         /// Number of iovecs.
         iovcnt: u32,
@@ -41,9 +53,9 @@ pub enum Op {
         /// The io_uring registered buffer holding the single iovec, if there is one.
         buf_index: Option<u16>,
     },
-    /// Make completed writes durable (fdatasync).
+    /// Make completed writes durable.
     Flush,
-    /// Deallocate a range (punch a hole).
+    /// Deallocate a range.
     Discard {
         /// Byte offset.
         offset: u64,
@@ -61,7 +73,19 @@ pub enum Op {
     },
 }
 
-/// A storage engine.
+/// How a channel took an operation.
+#[derive(Debug)]
+pub enum Started {
+    /// Perform this entry on the thread's io_uring; its completion is the result.
+    Ring(squeue::Entry),
+    /// In flight on the engine's own completion source; [`Channel::reap`] returns it later
+    /// with the token it was started with.
+    Pending,
+    /// Already completed with this result (bytes transferred, or a negative errno).
+    Done(i32),
+}
+
+/// An export's storage, shared by its I/O threads.
 pub trait Engine: Send + Sync {
     /// Short name for logs and reports.
     fn name(&self) -> &'static str;
@@ -69,160 +93,33 @@ pub trait Engine: Send + Sync {
     fn capacity(&self) -> u64;
     /// Logical block size the backing store needs for its I/O (512 or 4096).
     fn block_size(&self) -> u32;
-    /// The io_uring entry that performs `op`, or `None` when the engine completed it at once
-    /// (successfully; reads then return zeros).
-    fn prepare(&self, op: &Op) -> Option<squeue::Entry>;
-    /// True for the null engine, whose reads must be answered with zeros by the caller.
-    fn is_null(&self) -> bool {
-        false
+    /// A new channel for the calling I/O thread, which owns it from then on.
+    fn channel(&self) -> io::Result<Box<dyn Channel>>;
+}
+
+/// One I/O thread's way to its engine. Never shared between threads.
+pub trait Channel {
+    /// Starts `op`. `token` names it in [`Channel::reap`] (for [`Started::Pending`]).
+    fn start(&mut self, op: &Op, token: u64) -> Started;
+    /// `op` failed with `res` (a negative errno): start it again differently, or `None` to let
+    /// the failure stand. The same token names the retry.
+    fn retry(&mut self, op: &Op, res: i32, token: u64) -> Option<Started> {
+        let _ = (op, res, token);
+        None
     }
-    /// The descriptor every entry of this engine names, if it has one. A worker may register
-    /// it with its ring as fixed-file slot `fd` and then mark the entries `IOSQE_FIXED_FILE`.
+    /// The descriptor every [`Started::Ring`] entry names, if there is one: the thread may
+    /// register it as a fixed file (slot = the descriptor number) and mark the entries
+    /// `IOSQE_FIXED_FILE`.
     fn file_fd(&self) -> Option<RawFd> {
         None
     }
-    /// The retry for a write-zeroes whose ZERO_RANGE the store refused (EOPNOTSUPP): a punched
-    /// hole, which also reads back as zeros. `None` when there is no fallback.
-    fn fallback_punch(&self, op: &Op) -> Option<squeue::Entry> {
-        let _ = op;
+    /// A descriptor that becomes readable when [`Started::Pending`] operations completed.
+    fn completion_fd(&self) -> Option<RawFd> {
         None
     }
-}
-
-/// Completes everything at once; reads give zeros. The null_blk analogue.
-pub struct NullEngine {
-    capacity: u64,
-}
-
-impl Engine for NullEngine {
-    fn name(&self) -> &'static str {
-        "null"
-    }
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
-    fn block_size(&self) -> u32 {
-        512
-    }
-    fn prepare(&self, _op: &Op) -> Option<squeue::Entry> {
-        None
-    }
-    fn is_null(&self) -> bool {
-        true
-    }
-}
-
-/// io_uring on a file, block device or memfd.
-pub struct UringEngine {
-    file: File,
-    capacity: u64,
-    block_size: u32,
-    name: &'static str,
-}
-
-impl UringEngine {
-    fn fd(&self) -> types::Fd {
-        types::Fd(self.file.as_raw_fd())
-    }
-
-    /// The backing file's descriptor (for tests and diagnostics).
-    pub fn raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
-    }
-}
-
-impl Engine for UringEngine {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn capacity(&self) -> u64 {
-        self.capacity
-    }
-    fn block_size(&self) -> u32 {
-        self.block_size
-    }
-    fn prepare(&self, op: &Op) -> Option<squeue::Entry> {
-        let fd = self.fd();
-        Some(match *op {
-            Op::Read {
-                offset,
-                iovs,
-                iovcnt: 1,
-                buf_index: Some(index),
-            } => {
-                // SAFETY: the caller's iovec array has one element (iovcnt), valid until the
-                // completion like every iovec it hands over.
-                let iov = unsafe { *iovs };
-                opcode::ReadFixed::new(fd, iov.iov_base as *mut u8, iov.iov_len as u32, index)
-                    .offset(offset)
-                    .build()
-            }
-            Op::Write {
-                offset,
-                iovs,
-                iovcnt: 1,
-                sync,
-                buf_index: Some(index),
-            } => {
-                // SAFETY: as for the read above.
-                let iov = unsafe { *iovs };
-                opcode::WriteFixed::new(fd, iov.iov_base as *const u8, iov.iov_len as u32, index)
-                    .offset(offset)
-                    .rw_flags(if sync { libc::RWF_DSYNC } else { 0 })
-                    .build()
-            }
-            Op::Read {
-                offset,
-                iovs,
-                iovcnt,
-                ..
-            } => opcode::Readv::new(fd, iovs, iovcnt).offset(offset).build(),
-            Op::Write {
-                offset,
-                iovs,
-                iovcnt,
-                sync,
-                ..
-            } => opcode::Writev::new(fd, iovs, iovcnt)
-                .offset(offset)
-                .rw_flags(if sync { libc::RWF_DSYNC } else { 0 })
-                .build(),
-            Op::Flush => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-            Op::Discard { offset, len } => opcode::Fallocate::new(fd, len)
-                .offset(offset)
-                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
-                .build(),
-            Op::WriteZeroes { offset, len, unmap } => {
-                let mode = if unmap {
-                    libc::FALLOC_FL_PUNCH_HOLE
-                } else {
-                    libc::FALLOC_FL_ZERO_RANGE
-                };
-                opcode::Fallocate::new(fd, len)
-                    .offset(offset)
-                    .mode(mode | libc::FALLOC_FL_KEEP_SIZE)
-                    .build()
-            }
-        })
-    }
-    fn file_fd(&self) -> Option<RawFd> {
-        Some(self.file.as_raw_fd())
-    }
-    fn fallback_punch(&self, op: &Op) -> Option<squeue::Entry> {
-        match *op {
-            Op::WriteZeroes {
-                offset,
-                len,
-                unmap: false,
-            } => self.prepare(&Op::WriteZeroes {
-                offset,
-                len,
-                unmap: true,
-            }),
-            _ => None,
-        }
+    /// Hands over the completed pending operations: `(token, result)` each.
+    fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
+        let _ = done;
     }
 }
 
@@ -260,163 +157,35 @@ pub enum OpenError {
     },
 }
 
-fn ioerr(what: &'static str, path: &Path, err: io::Error) -> OpenError {
-    OpenError::Io {
-        what,
-        path: path.display().to_string(),
-        err,
-    }
-}
-
 /// Opens the storage of an export.
 pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
-    match cfg.engine {
-        EngineKind::Null => Ok(Box::new(NullEngine {
-            capacity: cfg.size.unwrap_or(0),
-        })),
-        EngineKind::Mem => open_mem(cfg.size.unwrap_or(0)).map(|e| Box::new(e) as Box<dyn Engine>),
+    let size = cfg.size.unwrap_or(0);
+    Ok(match cfg.engine {
+        EngineKind::Null => Box::new(NullEngine::new(size)),
+        EngineKind::Mem => Box::new(mem::open(size)?),
         EngineKind::Uring => {
-            let path = cfg.path.as_deref().expect("validated: uring has a path");
-            open_file(path, cfg.size, cfg.readonly, cfg.direct)
-                .map(|e| Box::new(e) as Box<dyn Engine>)
+            let path = cfg
+                .path
+                .as_deref()
+                .expect("config checked: uring has a path");
+            Box::new(uring::open_file(path, cfg.size, cfg.readonly, cfg.direct)?)
         }
-    }
-}
-
-fn open_mem(size: u64) -> Result<UringEngine, OpenError> {
-    let name = c"mqblk-mem";
-    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(ioerr(
-            "memfd_create for",
-            Path::new("mem"),
-            io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: `fd` is a fresh descriptor that we own exclusively.
-    let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size)
-        .map_err(|e| ioerr("sizing RAM disk", Path::new("mem"), e))?;
-    Ok(UringEngine {
-        file,
-        capacity: size,
-        block_size: 512,
-        name: "mem",
     })
 }
 
-/// Size of a block device in bytes.
-/// A block device's size in bytes (BLKGETSIZE64).
-pub fn blockdev_size(file: &File) -> io::Result<u64> {
-    let mut size: u64 = 0;
-    // BLKGETSIZE64 = _IOR(0x12, 114, size_t)
-    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
-    // SAFETY: the ioctl writes one u64 into `size`, which outlives the call.
-    let r = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(size)
-}
-
-/// Finds the smallest block size (512 or 4096) that O_DIRECT accepts on `file`.
-fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
-    let layout = std::alloc::Layout::from_size_align(4096, 4096).expect("valid layout");
-    // SAFETY: non-zero size layout; freed below with the same layout.
-    let buf = unsafe { std::alloc::alloc(layout) };
-    if buf.is_null() {
-        return 4096;
-    }
-    let mut found = 4096;
-    for bs in [512usize, 4096] {
-        if bs as u64 > capacity {
-            break;
+/// The bytes an operation's iovecs describe.
+///
+/// # Safety
+/// For reads and writes, `iovs` must point to `iovcnt` valid iovecs.
+unsafe fn op_bytes(op: &Op) -> u64 {
+    match *op {
+        Op::Read { iovs, iovcnt, .. } | Op::Write { iovs, iovcnt, .. } => {
+            // SAFETY: the caller's contract.
+            let iovs = unsafe { std::slice::from_raw_parts(iovs, iovcnt as usize) };
+            iovs.iter().map(|v| v.iov_len as u64).sum()
         }
-        // SAFETY: `buf` is valid for 4096 bytes and `bs <= 4096`.
-        let r = unsafe { libc::pread(file.as_raw_fd(), buf as *mut libc::c_void, bs, 0) };
-        if r >= 0 {
-            found = bs as u32;
-            break;
-        }
+        _ => 0,
     }
-    // SAFETY: allocated above with this layout.
-    unsafe { std::alloc::dealloc(buf, layout) };
-    found
-}
-
-fn open_file(
-    path: &Path,
-    size: Option<u64>,
-    readonly: bool,
-    direct: bool,
-) -> Result<UringEngine, OpenError> {
-    let shown = || path.display().to_string();
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => Some(m),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(ioerr("cannot stat", path, e)),
-    };
-    if meta.is_none() {
-        let Some(sz) = size else {
-            return Err(OpenError::Missing(shown()));
-        };
-        if readonly {
-            return Err(OpenError::Missing(shown()));
-        }
-        let f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(path)
-            .map_err(|e| ioerr("cannot create", path, e))?;
-        f.set_len(sz).map_err(|e| ioerr("cannot size", path, e))?;
-    }
-    let mut opts = OpenOptions::new();
-    opts.read(true).write(!readonly);
-    if direct {
-        opts.custom_flags(libc::O_DIRECT);
-    }
-    let file = match opts.open(path) {
-        Ok(f) => f,
-        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-            return Err(OpenError::DirectRefused(shown()))
-        }
-        Err(e) => return Err(ioerr("cannot open", path, e)),
-    };
-    let meta = file.metadata().map_err(|e| ioerr("cannot stat", path, e))?;
-    let is_blk = meta.file_type().is_block_device();
-    let actual = if is_blk {
-        blockdev_size(&file).map_err(|e| ioerr("cannot get the size of", path, e))?
-    } else {
-        meta.len()
-    };
-    if let Some(given) = size {
-        if given != actual {
-            return Err(OpenError::SizeMismatch {
-                path: shown(),
-                given,
-                actual,
-            });
-        }
-    }
-    let capacity = actual & !511;
-    if capacity == 0 {
-        return Err(OpenError::TooSmall(shown()));
-    }
-    if capacity != actual {
-        tracing::warn!(path = %shown(), "image size {actual} is not a multiple of 512; the last {} bytes are not served", actual - capacity);
-    }
-    let block_size = if direct {
-        probe_direct_block_size(&file, capacity)
-    } else {
-        512
-    };
-    Ok(UringEngine {
-        file,
-        capacity,
-        block_size,
-        name: "uring",
-    })
 }
 
 #[cfg(test)]
@@ -446,11 +215,35 @@ mod tests {
     }
 
     #[test]
-    fn mem_and_null() {
+    fn mem_goes_through_the_ring_and_null_completes_at_once() {
         let e = open(&parse_export_spec("socket=s,engine=mem,size=4M").unwrap()).unwrap();
         assert_eq!((e.name(), e.capacity()), ("mem", 4 << 20));
-        assert!(e.prepare(&Op::Flush).is_some());
+        let mut ch = e.channel().unwrap();
+        assert!(matches!(ch.start(&Op::Flush, 7), Started::Ring(_)));
+        assert!(ch.file_fd().is_some());
+
         let e = open(&parse_export_spec("socket=s,engine=null,size=4M").unwrap()).unwrap();
-        assert!(e.prepare(&Op::Flush).is_none());
+        let mut ch = e.channel().unwrap();
+        assert!(matches!(ch.start(&Op::Flush, 7), Started::Done(0)));
+        // A null read zeroes the buffers and reports every byte transferred.
+        let mut buf = vec![0xaau8; 8192];
+        let iovs = [
+            libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: 4096,
+            },
+            libc::iovec {
+                iov_base: buf[4096..].as_mut_ptr().cast(),
+                iov_len: 4096,
+            },
+        ];
+        let read = Op::Read {
+            offset: 0,
+            iovs: iovs.as_ptr(),
+            iovcnt: 2,
+            buf_index: None,
+        };
+        assert!(matches!(ch.start(&read, 1), Started::Done(8192)));
+        assert!(buf.iter().all(|&b| b == 0));
     }
 }

@@ -1,6 +1,6 @@
-//! Adaptive polling: how long a worker busy-polls its rings before it sleeps.
+//! Adaptive polling: how long an I/O thread busy-polls its rings before it sleeps.
 //!
-//! While a worker polls, guest notifications stay suppressed and completions are reaped from
+//! While an I/O thread polls, guest notifications stay suppressed and completions are reaped from
 //! the io_uring completion queue without syscalls. The window adapts from what recent polls
 //! and sleeps found (the idea of QEMU's `poll-grow`/`poll-shrink` and Direct-Virtio's
 //! history-based sleep time), driven mainly by the poll *hit rate*:
@@ -8,7 +8,7 @@
 //!   grows the window (doubles it, up to the maximum); under a quarter shrinks it (halves it,
 //!   to zero below the starting step); in between keeps it;
 //! - a sleep longer than [`IDLE_NS`] means the load stopped: the window halves at once, so an
-//!   idle worker soon burns no CPU at all;
+//!   idle thread soon burns no CPU at all;
 //! - at window zero, after [`PROBE_EVERY`] sleeps that were not idle (a sleep woken within the
 //!   maximum window, which polling would have caught, counts 16 times), one epoch is polled at
 //!   the maximum window (a probe); if under a quarter of it hits, the window goes straight
@@ -20,28 +20,7 @@
 //!   request. The probe's hit rate settles it; when polling does not pay, it costs at most
 //!   `EPOCH` windows per `PROBE_EVERY` sleeps (each sleep longer than a window): under 7%.
 
-/// Polling mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PollMode {
-    /// Never poll: sleep on the kick eventfd after each batch.
-    Off,
-    /// Always poll for the full maximum window before sleeping.
-    On,
-    /// Adapt the window between 0 and the maximum.
-    Adaptive,
-}
-
-impl std::str::FromStr for PollMode {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "off" => Ok(PollMode::Off),
-            "on" => Ok(PollMode::On),
-            "adaptive" => Ok(PollMode::Adaptive),
-            _ => Err(()),
-        }
-    }
-}
+pub use crate::config::PollMode;
 
 /// The first non-zero window, in nanoseconds.
 pub const GROW_START_NS: u64 = 4_000;
@@ -150,7 +129,7 @@ impl PollPolicy {
         self.end_of_window(false);
     }
 
-    /// The worker slept `slept_ns` before the next event.
+    /// The thread slept `slept_ns` before the next event.
     pub fn on_sleep(&mut self, slept_ns: u64) {
         if !self.adaptive() {
             return;
@@ -264,7 +243,7 @@ mod tests {
         assert_eq!(p.window_ns(), 0);
         for _ in 0..(10 * PROBE_EVERY) {
             p.on_sleep(50 * IDLE_NS);
-            assert_eq!(p.window_ns(), 0, "an idle worker must not poll");
+            assert_eq!(p.window_ns(), 0, "an idle thread must not poll");
         }
     }
 
@@ -301,13 +280,5 @@ mod tests {
             }
         }
         assert_eq!(polled, 4);
-    }
-
-    #[test]
-    fn parse_modes() {
-        assert_eq!("adaptive".parse::<PollMode>(), Ok(PollMode::Adaptive));
-        assert_eq!("on".parse::<PollMode>(), Ok(PollMode::On));
-        assert_eq!("off".parse::<PollMode>(), Ok(PollMode::Off));
-        assert!("sometimes".parse::<PollMode>().is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! Workload-aware batch submission: how long to wait for more requests before the submit.
 //!
-//! A worker records how many requests each submission carried. When recent submissions were
+//! An I/O thread records how many requests each submission carried. When recent submissions were
 //! large (the guest keeps the queue busy), waiting a few microseconds for the next requests
 //! gathers them into the same `io_uring_enter`, saving a syscall per request; when they were
 //! small (light load, latency-bound), waiting would only add latency, so the policy says 0.

@@ -1,0 +1,352 @@
+//! The one table of export keys.
+//!
+//! Everything that names an export key is generated from [`KEYS`]: the `--export` and TOML
+//! parsers, the unknown-key message, `mqblk serve --help` ([`spec_help`]), and the README's key
+//! table, which a test holds to [`readme_rows`]. Adding a key means adding one entry here.
+
+use std::path::PathBuf;
+
+use super::tuning::PollMode;
+use super::values::{parse_bool, parse_cpu_list, parse_size};
+use super::{EngineKind, ExportConfig, Threads, MAX_QUEUES, MAX_SERIAL_LEN};
+
+/// One export key.
+pub struct Key {
+    /// The name, as written in `key=value` and in TOML.
+    pub name: &'static str,
+    /// The form of its value, as shown in the help (`PATH`, `on|off`, ...).
+    pub value: &'static str,
+    /// What it does, and its default: one line of the help and of the README.
+    pub help: &'static str,
+    /// What the error message says the key accepts.
+    pub allowed: &'static str,
+    /// Applies a value; `None` when the value is not one the key accepts.
+    apply: fn(&mut ExportConfig, &str) -> Option<()>,
+}
+
+impl Key {
+    /// Applies `value` to `cfg`; `None` when the key does not accept it.
+    pub fn apply(&self, cfg: &mut ExportConfig, value: &str) -> Option<()> {
+        (self.apply)(cfg, value)
+    }
+}
+
+/// An integer in `lo..=hi`.
+fn int(v: &str, lo: u64, hi: u64) -> Option<u64> {
+    v.parse::<u64>().ok().filter(|n| (lo..=hi).contains(n))
+}
+
+const ON_OFF: &str = "on or off";
+
+/// Every export key, in the order the help and the README list them.
+pub const KEYS: &[Key] = &[
+    Key {
+        name: "socket",
+        value: "PATH",
+        help: "vhost-user unix socket to listen on (required)",
+        allowed: "a path",
+        apply: |c, v| {
+            c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
+            Some(())
+        },
+    },
+    Key {
+        name: "path",
+        value: "PATH",
+        help: "raw image file or block device (engine=uring); with `size=` it is created if missing",
+        allowed: "a path",
+        apply: |c, v| {
+            c.path = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
+            Some(())
+        },
+    },
+    Key {
+        name: "engine",
+        value: "uring|null|mem",
+        help: "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk",
+        allowed: "uring, null or mem",
+        apply: |c, v| {
+            c.engine = match v {
+                "uring" => EngineKind::Uring,
+                "null" => EngineKind::Null,
+                "mem" => EngineKind::Mem,
+                _ => return None,
+            };
+            Some(())
+        },
+    },
+    Key {
+        name: "size",
+        value: "BYTES",
+        help: "capacity, K/M/G/T suffixes (needed for null and mem; must match an existing image)",
+        allowed: "a positive multiple of 512 bytes, with optional K/M/G/T suffix",
+        apply: |c, v| {
+            c.size = Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?);
+            Some(())
+        },
+    },
+    Key {
+        name: "queues",
+        value: "N",
+        help: "virtqueues offered to the guest (default 1, max 64)",
+        allowed: "an integer from 1 to 64",
+        apply: |c, v| {
+            c.queues = int(v, 1, u64::from(MAX_QUEUES))? as u16;
+            Some(())
+        },
+    },
+    Key {
+        name: "queue-size",
+        value: "N",
+        help: "maximum virtqueue size (default 1024)",
+        allowed: "a power of two from 2 to 32768",
+        apply: |c, v| {
+            c.queue_size = int(v, 2, 32768).filter(|n| n.is_power_of_two())? as u16;
+            Some(())
+        },
+    },
+    Key {
+        name: "threads",
+        value: "per-queue|N",
+        help: "I/O threads: one per queue (default), or N threads with queue q on thread q mod N",
+        allowed: "per-queue, or a thread count from 1 to 64",
+        apply: |c, v| {
+            c.threads = match v {
+                "per-queue" => Threads::PerQueue,
+                n => Threads::Count(int(n, 1, u64::from(MAX_QUEUES))? as u16),
+            };
+            Some(())
+        },
+    },
+    Key {
+        name: "cpus",
+        value: "LIST",
+        help: "pin I/O thread i to the i-th CPU of LIST, e.g. `2-5,8`",
+        allowed: "a CPU list such as 0-3,8, with CPU numbers below 1024",
+        apply: |c, v| {
+            let list = parse_cpu_list(v).filter(|l| !l.is_empty() && l.iter().all(|&n| n < 1024))?;
+            c.cpus = list;
+            Some(())
+        },
+    },
+    Key {
+        name: "readonly",
+        value: "on|off",
+        help: "default off; advertises `VIRTIO_BLK_F_RO` and refuses writes",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.readonly = parse_bool(v)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "direct",
+        value: "on|off",
+        help: "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.direct = parse_bool(v)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "serial",
+        value: "STRING",
+        help: "answer to GET_ID (at most 20 bytes)",
+        allowed: "at most 20 bytes",
+        apply: |c, v| {
+            c.serial = Some(v.to_string()).filter(|s| s.len() <= MAX_SERIAL_LEN)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "poll",
+        value: "off|on|adaptive",
+        help: "busy-poll the rings while busy, guest notifications suppressed (default adaptive; off suits CPUs shared by more busy threads than they have)",
+        allowed: "off, on or adaptive",
+        apply: |c, v| {
+            c.tuning.poll = match v {
+                "off" => PollMode::Off,
+                "on" => PollMode::On,
+                "adaptive" => PollMode::Adaptive,
+                _ => return None,
+            };
+            Some(())
+        },
+    },
+    Key {
+        name: "poll-max-us",
+        value: "N",
+        help: "longest poll window (default 32; 0 turns polling off)",
+        allowed: "an integer from 0 to 10000 (microseconds)",
+        apply: |c, v| {
+            c.tuning.poll_max_us = int(v, 0, 10_000)? as u32;
+            Some(())
+        },
+    },
+    Key {
+        name: "batch-wait-us",
+        value: "N",
+        help: "under heavy load, wait up to N µs to grow a batch before the submit (default 0: off)",
+        allowed: "an integer from 0 to 1000 (microseconds; 0 disables)",
+        apply: |c, v| {
+            c.tuning.batch_wait_us = int(v, 0, 1000)? as u32;
+            Some(())
+        },
+    },
+    Key {
+        name: "merge",
+        value: "on|off",
+        help: "merge adjacent requests of one queue into one host I/O (default on)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.tuning.merge = parse_bool(v)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "fixed-files",
+        value: "on|off",
+        help: "register the backing file with each I/O thread's io_uring, so no I/O takes a reference on the shared file (default on)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.tuning.fixed_files = parse_bool(v)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "fixed-buffers",
+        value: "on|off",
+        help: "register guest memory as io_uring fixed buffers: single-segment I/O skips per-I/O page pinning; pins all guest memory while connected (default off)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.tuning.fixed_buffers = parse_bool(v)?;
+            Some(())
+        },
+    },
+    Key {
+        name: "sqpoll-idle-ms",
+        value: "N",
+        help: "one kernel submission-polling thread per I/O thread (`IORING_SETUP_SQPOLL`), idle after N ms (default 0: off; costs a CPU while busy)",
+        allowed: "an integer from 0 to 10000 (milliseconds; 0 disables SQPOLL)",
+        apply: |c, v| {
+            c.tuning.sqpoll_idle_ms = int(v, 0, 10_000)? as u32;
+            Some(())
+        },
+    },
+    Key {
+        name: "coop-taskrun",
+        value: "on|off",
+        help: "set up each io_uring with `COOP_TASKRUN`, `TASKRUN_FLAG` and `SINGLE_ISSUER`: a completion never interrupts a running I/O thread (no IPI), it is posted at the thread's next syscall (default on; older kernels fall back silently)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.tuning.coop_taskrun = parse_bool(v)?;
+            Some(())
+        },
+    },
+];
+
+/// The key called `name`.
+pub fn key(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// The names of all keys, comma-separated (for the unknown-key message).
+pub fn names() -> String {
+    KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+}
+
+/// `mqblk serve --help`'s description of SPEC.
+pub fn spec_help() -> String {
+    const WIDTH: usize = 100;
+    const COL: usize = 25;
+    let mut out = String::from("SPEC is key=value pairs separated by commas:\n");
+    for k in KEYS {
+        let head = format!("  {}={}", k.name, k.value);
+        let help = k.help.replace('`', "");
+        let mut line = if head.len() + 1 < COL {
+            format!("{head:COL$}")
+        } else {
+            out.push_str(&head);
+            out.push('\n');
+            " ".repeat(COL)
+        };
+        for word in help.split(' ') {
+            if line.len() + word.len() + 1 > WIDTH && !line.trim().is_empty() {
+                out.push_str(line.trim_end());
+                out.push('\n');
+                line = " ".repeat(COL);
+            }
+            line.push_str(word);
+            line.push(' ');
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out.push_str(
+        "\nThread mappings: queues=1,threads=1 is baseline; queues=N,threads=1 is mq;\n\
+         queues=N,threads=per-queue is per-queue (one I/O thread and io_uring per queue).\n\
+         The TOML config file carries the same keys, one [[export]] table per disk.",
+    );
+    out
+}
+
+/// The README's key table rows, one per key: `` | `name=VALUE` | help | ``.
+pub fn readme_rows() -> Vec<String> {
+    KEYS.iter()
+        .map(|k| {
+            format!(
+                "| `{}={}` | {} |",
+                k.name,
+                k.value.replace('|', "\\|"),
+                k.help
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_help_fits() {
+        for (i, k) in KEYS.iter().enumerate() {
+            assert!(
+                KEYS[i + 1..].iter().all(|o| o.name != k.name),
+                "{} twice",
+                k.name
+            );
+            assert!(!k.help.is_empty() && !k.allowed.is_empty());
+        }
+        for line in spec_help().lines() {
+            assert!(line.chars().count() <= 100, "help line too long: {line}");
+        }
+    }
+
+    /// The README documents exactly the keys of the table, with the table's words.
+    #[test]
+    fn readme_lists_every_key() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+            .expect("README.md at the workspace root");
+        let rows = readme_rows();
+        for row in &rows {
+            assert!(
+                readme.contains(row.as_str()),
+                "README.md lacks this row of the export key table (generated from config::keys::KEYS):\n{row}"
+            );
+        }
+        // Any README row for a known key must be the generated one (no stale wording).
+        let stale: Vec<&str> = readme
+            .lines()
+            .filter(|l| {
+                let name = l.strip_prefix("| `").and_then(|r| r.split('=').next());
+                name.and_then(key).is_some() && !rows.iter().any(|r| r == l)
+            })
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "README rows that differ from config::keys::KEYS: {stale:#?}"
+        );
+    }
+}

@@ -1,0 +1,427 @@
+//! Export settings: `--export SPEC` strings and TOML files into typed, validated config.
+//!
+//! The keys themselves (names, values, help, how each is applied) are one table in [`keys`].
+//! Every error names the offending key and the values it accepts, because operators and scripts
+//! read these messages.
+
+pub mod keys;
+pub mod tuning;
+pub mod values;
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+pub use tuning::{PollMode, Tuning};
+pub use values::{parse_bool, parse_cpu_list, parse_size};
+
+/// Most virtqueues one export offers.
+pub const MAX_QUEUES: u16 = 64;
+/// Largest virtqueue size (the split ring allows 32768; Linux and QEMU use up to 1024).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Longest GET_ID answer the virtio-blk spec allows.
+pub const MAX_SERIAL_LEN: usize = 20;
+
+/// A configuration error, naming the key and what it accepts.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// An unknown key.
+    #[error("unknown key '{0}' (known keys: {names})", names = keys::names())]
+    UnknownKey(String),
+    /// An unknown key in a TOML `[[export]]` table (in the words serde uses for TOML).
+    #[error("unknown field `{0}`, expected one of {names}", names = keys::names())]
+    UnknownField(String),
+    /// A key given without `=value`.
+    #[error("'{0}' has no value: write {0}=VALUE")]
+    MissingValue(String),
+    /// A key given twice.
+    #[error("key '{0}' is given twice")]
+    Duplicate(String),
+    /// A required key is absent.
+    #[error("{0}")]
+    Required(&'static str),
+    /// A value out of its allowed set.
+    #[error("invalid {key}={value}: {allowed}")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
+    /// The TOML file could not be read as TOML.
+    #[error("{0}")]
+    Toml(String),
+    /// An error in one `[[export]]` table of a config file (numbered from 1).
+    #[error("[[export]] #{index}: {error}")]
+    InTable {
+        /// Which table.
+        index: usize,
+        /// What is wrong with it.
+        error: Box<ConfigError>,
+    },
+    /// No export at all.
+    #[error("no export given: pass --export socket=PATH,path=IMAGE (see --help)")]
+    NoExport,
+    /// Two exports on one socket.
+    #[error("two exports use socket={0}: each export needs its own socket")]
+    SharedSocket(String),
+}
+
+/// Which storage engine serves an export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// io_uring on a raw image file or block device.
+    #[default]
+    Uring,
+    /// Completes every request at once; reads return zeros. Measures the backend itself.
+    Null,
+    /// A RAM disk (a memfd served through the io_uring engine).
+    Mem,
+}
+
+/// How the export's queues map to I/O threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Threads {
+    /// One I/O thread per queue (the default).
+    #[default]
+    PerQueue,
+    /// This many threads; queue q is served by thread q % N.
+    Count(u16),
+}
+
+/// One export: a disk served on one vhost-user socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// The vhost-user unix socket to listen on.
+    pub socket: PathBuf,
+    /// Backing file or block device (uring engine).
+    pub path: Option<PathBuf>,
+    /// Storage engine.
+    pub engine: EngineKind,
+    /// Capacity in bytes (required for null and mem; for uring it creates a missing file).
+    pub size: Option<u64>,
+    /// Number of virtqueues offered.
+    pub queues: u16,
+    /// Maximum virtqueue size.
+    pub queue_size: u16,
+    /// Queue-to-thread mapping.
+    pub threads: Threads,
+    /// CPUs to pin I/O threads to (thread i on `cpus[i]`).
+    pub cpus: Vec<usize>,
+    /// Read-only export.
+    pub readonly: bool,
+    /// Open the backing file with O_DIRECT.
+    pub direct: bool,
+    /// GET_ID answer.
+    pub serial: String,
+    /// Polling, batch-wait and merging settings.
+    pub tuning: Tuning,
+}
+
+impl Default for ExportConfig {
+    /// Every key's default; `socket` is empty (required).
+    fn default() -> Self {
+        ExportConfig {
+            socket: PathBuf::new(),
+            path: None,
+            engine: EngineKind::Uring,
+            size: None,
+            queues: 1,
+            queue_size: 1024,
+            threads: Threads::PerQueue,
+            cpus: Vec::new(),
+            readonly: false,
+            direct: true,
+            serial: "mqblk".into(),
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+impl ExportConfig {
+    /// The number of I/O threads this export runs.
+    pub fn num_threads(&self) -> usize {
+        match self.threads {
+            Threads::PerQueue => self.queues as usize,
+            Threads::Count(n) => (n as usize).min(self.queues as usize),
+        }
+    }
+
+    /// The I/O thread that serves queue `q`.
+    pub fn thread_of_queue(&self, q: usize) -> usize {
+        q % self.num_threads()
+    }
+
+    /// The research's name for this mapping, for logs and reports.
+    pub fn mapping_name(&self) -> &'static str {
+        match (self.queues, self.num_threads()) {
+            (1, 1) => "baseline",
+            (_, 1) => "mq",
+            (q, t) if q as usize == t => "per-queue",
+            _ => "grouped",
+        }
+    }
+
+    /// Builds an export from `(key, value)` pairs, checking each against [`keys::KEYS`] and
+    /// then the export as a whole.
+    pub fn from_pairs<'a>(
+        pairs: impl IntoIterator<Item = (&'a str, String)>,
+    ) -> Result<ExportConfig, ConfigError> {
+        let mut cfg = ExportConfig::default();
+        let mut seen: Vec<&'static str> = Vec::new();
+        for (name, value) in pairs {
+            let key = keys::key(name).ok_or_else(|| ConfigError::UnknownKey(name.into()))?;
+            if seen.contains(&key.name) {
+                return Err(ConfigError::Duplicate(name.into()));
+            }
+            seen.push(key.name);
+            key.apply(&mut cfg, &value).ok_or(ConfigError::Invalid {
+                key: key.name,
+                value,
+                allowed: key.allowed,
+            })?;
+        }
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// What no single key can check: required keys and keys that depend on each other.
+    fn check(&mut self) -> Result<(), ConfigError> {
+        if self.socket.as_os_str().is_empty() {
+            return Err(ConfigError::Required(
+                "socket=PATH is required (the vhost-user unix socket to listen on)",
+            ));
+        }
+        match self.engine {
+            EngineKind::Uring if self.path.is_none() => {
+                return Err(ConfigError::Required(
+                    "path=PATH is required with engine=uring (a raw image file or block device)",
+                ))
+            }
+            EngineKind::Null | EngineKind::Mem if self.size.is_none() => {
+                return Err(ConfigError::Required(
+                    "size=BYTES is required with engine=null and engine=mem",
+                ))
+            }
+            _ => {}
+        }
+        if !self.cpus.is_empty() && self.cpus.len() < self.num_threads() {
+            return Err(ConfigError::Invalid {
+                key: "cpus",
+                value: format!("{:?}", self.cpus),
+                allowed:
+                    "at least one CPU per I/O thread (threads = queues with threads=per-queue)",
+            });
+        }
+        if self.tuning.poll_max_us == 0 {
+            self.tuning.poll = PollMode::Off;
+        }
+        Ok(())
+    }
+}
+
+/// Parses one `--export` spec: `key=value` pairs separated by commas.
+pub fn parse_export_spec(spec: &str) -> Result<ExportConfig, ConfigError> {
+    let mut pairs = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| ConfigError::MissingValue(item.to_string()))?;
+        pairs.push((k, v.to_string()));
+    }
+    ExportConfig::from_pairs(pairs)
+}
+
+/// A TOML config file: `[[export]]` tables with the same keys as `--export`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    export: Vec<toml::Table>,
+    #[serde(rename = "log-level")]
+    log_level: Option<String>,
+}
+
+/// A TOML value as the string `key=value` would carry (booleans as on/off).
+fn value_str(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Boolean(b) => if *b { "on" } else { "off" }.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Reads a TOML config file into exports and an optional log level.
+pub fn parse_config_file(text: &str) -> Result<(Vec<ExportConfig>, Option<String>), ConfigError> {
+    let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
+    let mut out = Vec::new();
+    for (i, table) in file.export.iter().enumerate() {
+        let pairs = table.iter().map(|(k, v)| (k.as_str(), value_str(v)));
+        let cfg = ExportConfig::from_pairs(pairs).map_err(|e| ConfigError::InTable {
+            index: i + 1,
+            error: Box::new(match e {
+                ConfigError::UnknownKey(k) => ConfigError::UnknownField(k),
+                e => e,
+            }),
+        })?;
+        out.push(cfg);
+    }
+    Ok((out, file.log_level))
+}
+
+/// Checks a set of exports against each other.
+pub fn check_exports(exports: &[ExportConfig]) -> Result<(), ConfigError> {
+    if exports.is_empty() {
+        return Err(ConfigError::NoExport);
+    }
+    for (i, a) in exports.iter().enumerate() {
+        if exports[i + 1..].iter().any(|b| b.socket == a.socket) {
+            return Err(ConfigError::SharedSocket(a.socket.display().to_string()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_spec() {
+        let c = parse_export_spec(
+            "socket=/tmp/a.sock,path=/tmp/img,queues=4,queue-size=256,threads=2,cpus=0-1,readonly=on,direct=off,serial=abc",
+        )
+        .unwrap();
+        assert_eq!(c.queues, 4);
+        assert_eq!(c.queue_size, 256);
+        assert_eq!(c.threads, Threads::Count(2));
+        assert_eq!(c.num_threads(), 2);
+        assert_eq!(c.thread_of_queue(3), 1);
+        assert!(c.readonly && !c.direct);
+        assert_eq!(c.cpus, vec![0, 1]);
+        assert_eq!(c.mapping_name(), "grouped");
+        let c =
+            parse_export_spec("socket=s,path=p,poll=on,poll-max-us=100,batch-wait-us=8,merge=off")
+                .unwrap();
+        assert_eq!(c.tuning.poll, PollMode::On);
+        assert_eq!(
+            (c.tuning.poll_max_us, c.tuning.batch_wait_us, c.tuning.merge),
+            (100, 8, false)
+        );
+        let c = parse_export_spec(
+            "socket=s,path=p,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.tuning.fixed_files,
+                c.tuning.fixed_buffers,
+                c.tuning.sqpoll_idle_ms,
+                c.tuning.coop_taskrun
+            ),
+            (false, true, 5, false)
+        );
+        assert_eq!(
+            parse_export_spec("socket=s,path=p").unwrap().tuning,
+            Tuning::default()
+        );
+    }
+
+    #[test]
+    fn poll_modes() {
+        for (v, mode) in [
+            ("adaptive", PollMode::Adaptive),
+            ("on", PollMode::On),
+            ("off", PollMode::Off),
+        ] {
+            let c = parse_export_spec(&format!("socket=s,path=p,poll={v}")).unwrap();
+            assert_eq!(c.tuning.poll, mode);
+        }
+        assert!(parse_export_spec("socket=s,path=p,poll=sometimes").is_err());
+    }
+
+    #[test]
+    fn defaults_and_mappings() {
+        let c = parse_export_spec("socket=s,path=p").unwrap();
+        assert_eq!(
+            (c.queues, c.queue_size, c.direct, c.readonly),
+            (1, 1024, true, false)
+        );
+        assert_eq!(c.engine, EngineKind::Uring);
+        assert_eq!(c.mapping_name(), "baseline");
+        let c = parse_export_spec("socket=s,engine=null,size=1G,queues=4,threads=1").unwrap();
+        assert_eq!(c.mapping_name(), "mq");
+        let c = parse_export_spec("socket=s,engine=mem,size=1G,queues=4").unwrap();
+        assert_eq!(c.mapping_name(), "per-queue");
+        assert_eq!(c.num_threads(), 4);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = |s: &str| parse_export_spec(s).unwrap_err().to_string();
+        assert!(e("path=p").contains("socket=PATH is required"));
+        assert!(e("socket=s").contains("path=PATH is required"));
+        assert!(e("socket=s,engine=null").contains("size=BYTES is required"));
+        assert!(
+            e("socket=s,engine=foo").contains("engine=foo")
+                && e("socket=s,engine=foo").contains("uring, null or mem")
+        );
+        assert!(e("socket=s,path=p,queues=0").contains("queues"));
+        assert!(e("socket=s,path=p,queues=65").contains("1 to 64"));
+        assert!(e("socket=s,path=p,queue-size=100").contains("power of two"));
+        assert!(e("socket=s,path=p,threads=x").contains("per-queue"));
+        assert!(e("socket=s,path=p,readonly=maybe").contains("on or off"));
+        assert!(e("socket=s,path=p,size=7").contains("multiple of 512"));
+        assert!(e("socket=s,path=p,bogus=1").contains("unknown key 'bogus'"));
+        assert!(e("socket=s,path=p,queues").contains("no value"));
+        assert!(e("socket=s,socket=t,path=p").contains("twice"));
+        assert!(e("socket=s,path=p,serial=123456789012345678901").contains("20 bytes"));
+        assert!(e("socket=s,path=p,queues=4,cpus=0-1").contains("cpus"));
+        assert!(e("socket=s,path=p,poll=maybe").contains("off, on or adaptive"));
+        assert!(e("socket=s,path=p,poll-max-us=x").contains("poll-max-us"));
+        assert!(e("socket=s,path=p,batch-wait-us=5000").contains("batch-wait-us"));
+        assert!(e("socket=s,path=p,merge=2").contains("merge"));
+        assert!(e("socket=s,path=p,fixed-files=maybe").contains("fixed-files"));
+        assert!(e("socket=s,path=p,fixed-buffers=1x").contains("fixed-buffers"));
+        assert!(e("socket=s,path=p,sqpoll-idle-ms=-1").contains("sqpoll-idle-ms"));
+        assert!(e("socket=s,path=p,sqpoll-idle-ms=20000").contains("0 to 10000"));
+        assert!(e("socket=s,path=p,coop-taskrun=sometimes").contains("coop-taskrun"));
+    }
+
+    #[test]
+    fn toml_file() {
+        let (ex, lvl) = parse_config_file(
+            r#"
+log-level = "debug"
+[[export]]
+socket = "/tmp/a.sock"
+path = "/tmp/a.img"
+queues = 2
+readonly = true
+[[export]]
+socket = "/tmp/b.sock"
+engine = "null"
+size = "1G"
+threads = "per-queue"
+"#,
+        )
+        .unwrap();
+        assert_eq!(lvl.as_deref(), Some("debug"));
+        assert_eq!(ex.len(), 2);
+        assert!(ex[0].readonly);
+        assert_eq!(ex[0].queues, 2);
+        assert_eq!(ex[1].size, Some(1 << 30));
+        let err = parse_config_file("[[export]]\nsocket='x'\nengine='zzz'\nsize='1M'\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("engine=zzz"), "{err}");
+        let err = parse_config_file("[[export]]\nsockett='x'\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sockett"), "{err}");
+        assert!(check_exports(&[]).is_err());
+    }
+}

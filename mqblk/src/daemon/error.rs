@@ -1,0 +1,40 @@
+//! Why the daemon or an export could not start. Each message is one line for the operator.
+
+use std::path::PathBuf;
+
+use crate::engine::OpenError;
+
+/// A failure to start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The storage could not be opened.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// Another process listens on the socket.
+    #[error("socket {0} is busy: another process is listening on it")]
+    SocketBusy(PathBuf),
+    /// The socket path holds something that is not a socket.
+    #[error("socket path {0} exists and is not a socket: choose another path")]
+    NotASocket(PathBuf),
+    /// Anything else about the socket.
+    #[error("{what} socket {path}: {err}")]
+    Socket {
+        /// What was being done.
+        what: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// A thread could not be started.
+    #[error("cannot start {what}: {err}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// Signals could not be blocked.
+    #[error("cannot block signals: {0}")]
+    Signals(std::io::Error),
+}

@@ -1,0 +1,106 @@
+//! An export: a disk served on one vhost-user socket, from start to drain.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::error::Error;
+use super::listener::{self, ListenerState};
+use crate::config::ExportConfig;
+use crate::engine::{self, Engine};
+use crate::frontend::Device;
+
+/// A running export.
+pub struct Export {
+    device: Arc<Device>,
+    socket: PathBuf,
+    listener_fd: RawFd,
+    state: Arc<ListenerState>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Export {
+    /// Opens the storage, starts the I/O threads and begins listening.
+    pub fn start(cfg: ExportConfig) -> Result<Export, Error> {
+        let engine: Arc<dyn Engine> = Arc::from(engine::open(&cfg)?);
+        let listener = listener::bind(&cfg.socket)?;
+        let socket = cfg.socket.clone();
+        tracing::info!(
+            socket = %socket.display(),
+            engine = engine.name(),
+            capacity = engine.capacity(),
+            queues = cfg.queues,
+            threads = cfg.num_threads(),
+            mapping = cfg.mapping_name(),
+            readonly = cfg.readonly,
+            "export ready"
+        );
+        let device = Arc::new(Device::new(cfg, engine).map_err(|err| Error::Thread {
+            what: "I/O threads",
+            err,
+        })?);
+        let state = Arc::new(ListenerState {
+            conn: Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let listener_fd = listener.as_raw_fd();
+        let thread = {
+            let (device, state) = (device.clone(), state.clone());
+            std::thread::Builder::new()
+                .name("mqblk-vhost".into())
+                .spawn(move || listener::serve(listener, device, state))
+                .map_err(|err| Error::Thread {
+                    what: "listener thread",
+                    err,
+                })?
+        };
+        Ok(Export {
+            device,
+            socket,
+            listener_fd,
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    /// The export's device (settings, storage, I/O threads and their counters).
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The socket it listens on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Stops accepting, drains the current connection's in-flight I/O, stops the I/O threads,
+    /// removes the socket.
+    pub fn shutdown(mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        // Wake the listener thread whether it is in accept() or reading a message.
+        if let Some(s) = self
+            .state
+            .conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        // SAFETY: shutdown(2) on the listening socket's descriptor, which the listener thread
+        // still owns (it is closed only after that thread ends); it makes accept() return.
+        unsafe {
+            libc::shutdown(self.listener_fd, libc::SHUT_RDWR);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        match Arc::try_unwrap(self.device) {
+            Ok(mut d) => d.shutdown(),
+            Err(_) => tracing::warn!("export still referenced at shutdown"),
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}

@@ -1,0 +1,119 @@
+//! The virtio-blk device of one export: its configuration space and its I/O threads, which
+//! outlive frontend connections. A [`Session`](super::session::Session) (one connection) starts
+//! and stops its queues on these threads.
+
+use std::sync::Arc;
+
+use crate::blk::{ConfigSpace, Geometry, Limits};
+use crate::config::{ExportConfig, MAX_SERIAL_LEN};
+use crate::engine::Engine;
+use crate::io::{self, IoCounters, IoThreadConfig, IoThreadHandle, IOV_MAX};
+
+/// Largest discard / write-zeroes, in sectors (512 MiB).
+pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
+
+/// An export's virtio-blk device.
+pub struct Device {
+    cfg: ExportConfig,
+    engine: Arc<dyn Engine>,
+    threads: Vec<IoThreadHandle>,
+    config_space: ConfigSpace,
+}
+
+impl Device {
+    /// The device around an opened engine; starts its I/O threads.
+    pub fn new(cfg: ExportConfig, engine: Arc<dyn Engine>) -> std::io::Result<Device> {
+        let block_size = engine.block_size();
+        let seg_max = (u32::from(cfg.queue_size) - 2).clamp(1, IOV_MAX as u32 - 2);
+        let geometry = Geometry {
+            capacity_sectors: engine.capacity() >> 9,
+            seg_max,
+            blk_size: block_size,
+            num_queues: cfg.queues,
+            max_dwz_sectors: MAX_DWZ_SECTORS,
+        };
+        let limits = Limits {
+            capacity_sectors: geometry.capacity_sectors,
+            // seg_max data segments plus header and status, with slack for split headers.
+            max_descriptors: seg_max as usize + 4,
+            readonly: cfg.readonly,
+            max_discard_sectors: MAX_DWZ_SECTORS,
+            max_write_zeroes_sectors: MAX_DWZ_SECTORS,
+        };
+        let mut serial = cfg.serial.as_bytes().to_vec();
+        serial.truncate(MAX_SERIAL_LEN);
+        let short_name: String = cfg
+            .socket
+            .file_stem()
+            .map(|s| s.to_string_lossy().chars().take(6).collect())
+            .unwrap_or_default();
+        let nthreads = cfg.num_threads();
+        let mut threads = Vec::with_capacity(nthreads);
+        for t in 0..nthreads {
+            let nq = (0..cfg.queues as usize)
+                .filter(|&q| cfg.thread_of_queue(q) == t)
+                .count();
+            let tc = IoThreadConfig {
+                name: format!("mqblk-io{t}-{short_name}"),
+                cpu: cfg.cpus.get(t).copied(),
+                queue_sizes: vec![cfg.queue_size; nq],
+                limits,
+                serial: serial.clone(),
+                tuning: cfg.tuning,
+            };
+            match io::spawn(tc, engine.clone()) {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    for mut h in threads {
+                        h.shutdown();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Device {
+            cfg,
+            engine,
+            threads,
+            config_space: ConfigSpace::new(&geometry),
+        })
+    }
+
+    /// The export's settings.
+    pub fn config(&self) -> &ExportConfig {
+        &self.cfg
+    }
+
+    /// The storage.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
+    }
+
+    /// The configuration space in write-back mode (a session sets the cache mode it has).
+    pub fn config_space(&self) -> ConfigSpace {
+        self.config_space
+    }
+
+    /// The I/O threads.
+    pub fn threads(&self) -> &[IoThreadHandle] {
+        &self.threads
+    }
+
+    /// The thread serving queue `q`, and the queue's index among that thread's queues.
+    pub fn thread_of(&self, q: usize) -> (&IoThreadHandle, usize) {
+        let t = self.cfg.thread_of_queue(q);
+        (&self.threads[t], q / self.cfg.num_threads())
+    }
+
+    /// The I/O threads' counters, summed.
+    pub fn counters(&self) -> IoCounters {
+        IoCounters::sum(self.threads.iter().map(|t| t.counters()))
+    }
+
+    /// Drains and stops the I/O threads.
+    pub fn shutdown(&mut self) {
+        for t in &mut self.threads {
+            t.shutdown();
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The vhost-user side: what a frontend (QEMU, Cloud Hypervisor, libblkio) negotiates and sets
+//! up, and the virtio-blk device it drives.
+//!
+//! - [`device`]: the export's device: configuration space and I/O threads, which outlive
+//!   connections;
+//! - [`session`]: one connection, the vhost-user request handler;
+//! - [`memory`]: the shared guest memory table; [`vring`]: a vring being set up;
+//! - [`features`]: what is offered; [`inflight`]: the in-flight region that survives a crash;
+//! - [`error`]: why a message is refused.
+
+pub mod device;
+pub mod error;
+pub mod features;
+pub mod inflight;
+pub mod memory;
+pub mod session;
+pub mod vring;
+
+pub use device::Device;
+pub use error::Error;
+pub use session::Session;

@@ -1,0 +1,486 @@
+//! One frontend connection: the vhost-user requests, handled on the `vhost` crate's request
+//! handler directly (not `vhost-user-backend`), so that the data plane is ours. Each vring is
+//! handed to its I/O thread as a configured `virtio_queue::Queue`, and the thread owns it until
+//! the frontend stops the ring.
+//!
+//! The control plane takes a mutex per connection (the `vhost` crate's `Mutex<T>` adapter);
+//! nothing on the per-request path does.
+
+use std::fs::File;
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVirtioFeatures,
+    VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{Backend, GpuBackend, Result as VhuResult, VhostUserBackendReqHandlerMut};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_bindings::virtio_blk::VIRTIO_BLK_F_CONFIG_WCE;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
+use vm_memory::ByteValued;
+
+use super::device::Device;
+use super::error::{Error, Result};
+use super::features::{self, device_features, protocol_features};
+use super::inflight::InflightRegion;
+use super::memory::{MemoryTable, MAX_MEM_SLOTS};
+use super::vring::VringSetup;
+use crate::blk::{CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
+use crate::io::{Command, GuestMemory};
+
+/// One frontend connection's state.
+pub struct Session {
+    device: Arc<Device>,
+    acked_features: u64,
+    acked_protocol: u64,
+    memory: MemoryTable,
+    vrings: Vec<VringSetup>,
+    /// The guest's cache mode (CONFIG_WCE): write-back unless it chose write-through.
+    writeback: bool,
+    inflight: Option<Arc<InflightRegion>>,
+}
+
+impl Session {
+    /// A fresh session for a new connection to `device`.
+    pub fn new(device: Arc<Device>) -> Self {
+        let nq = device.config().queues as usize;
+        Session {
+            device,
+            acked_features: 0,
+            acked_protocol: 0,
+            memory: MemoryTable::default(),
+            vrings: (0..nq).map(|_| VringSetup::default()).collect(),
+            writeback: true,
+            inflight: None,
+        }
+    }
+
+    fn check_index(&self, index: u32) -> Result<usize> {
+        let i = index as usize;
+        if i < self.vrings.len() {
+            Ok(i)
+        } else {
+            Err(Error::NoSuchQueue(index))
+        }
+    }
+
+    fn protocol_negotiated(&self) -> bool {
+        self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+
+    /// Starts vring `i` on its I/O thread if it is fully set up and enabled.
+    fn maybe_start(&mut self, i: usize) {
+        let event_idx = features::has(self.acked_features, VIRTIO_RING_F_EVENT_IDX);
+        let Some(mem) = self.memory.current() else {
+            return;
+        };
+        if !self.vrings[i].ready(self.protocol_negotiated()) {
+            return;
+        }
+        let mut q = match self.vrings[i].queue(self.device.config().queue_size, event_idx, &mem) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::error!(queue = i, err = %e, "queue not started");
+                return;
+            }
+        };
+        // With in-flight tracking, the ring restarts from what the region says: everything
+        // completed is in the used ring, everything fetched but not completed is resubmitted.
+        let mut resubmit = Vec::new();
+        let mut track = self.inflight.as_ref().and_then(|r| r.queue(i));
+        if let Some(t) = track.as_mut() {
+            match q.used_idx(&*mem, std::sync::atomic::Ordering::Acquire) {
+                Ok(used) => {
+                    resubmit = t.recover(used.0);
+                    let next_avail = used.0.wrapping_add(resubmit.len() as u16);
+                    if !resubmit.is_empty() {
+                        tracing::info!(
+                            queue = i,
+                            resubmitted = resubmit.len(),
+                            used_idx = used.0,
+                            next_avail,
+                            "resubmitting requests that were in flight before the reconnect"
+                        );
+                    }
+                    q.set_next_avail(next_avail);
+                    q.set_next_used(used.0);
+                }
+                Err(e) => {
+                    tracing::error!(queue = i, err = ?e, "cannot read the used ring; queue not started");
+                    return;
+                }
+            }
+        }
+        let v = &mut self.vrings[i];
+        let Some(Ok(kick)) = v.kick.as_ref().map(File::try_clone) else {
+            return;
+        };
+        let call = v.call.as_ref().and_then(|c| c.try_clone().ok());
+        v.started = true;
+        let (thread, local) = self.device.thread_of(i);
+        thread.send(Command::Start {
+            local,
+            index: i,
+            queue: q,
+            kick,
+            call,
+            inflight: track,
+            resubmit,
+        });
+    }
+
+    /// Stops vring `i` once its in-flight requests complete; records where it stopped.
+    fn stop(&mut self, i: usize) {
+        if !self.vrings[i].started {
+            return;
+        }
+        let (tx, rx) = sync_channel(1);
+        let (thread, local) = self.device.thread_of(i);
+        thread.send(Command::Stop { local, reply: tx });
+        if let Ok(next) = rx.recv() {
+            self.vrings[i].base = next;
+        }
+        self.vrings[i].started = false;
+    }
+
+    /// Hands every I/O thread the new guest memory and waits until each has it (a thread
+    /// swaps only when none of its requests is in flight).
+    fn set_memory(&mut self, mem: Option<Arc<GuestMemory>>) {
+        for t in self.device.threads() {
+            let (tx, rx) = sync_channel(1);
+            t.send(Command::SetMem {
+                mem: mem.clone(),
+                reply: tx,
+            });
+            let _ = rx.recv();
+        }
+    }
+
+    fn set_writeback(&mut self, writeback: bool) {
+        self.writeback = writeback;
+        for t in self.device.threads() {
+            t.send(Command::SetWriteback(writeback));
+        }
+    }
+
+    /// The frontend went away: drain every ring and forget the guest.
+    pub fn disconnect(&mut self) {
+        for i in 0..self.vrings.len() {
+            self.stop(i);
+        }
+        self.set_memory(None);
+        self.memory.clear();
+        for v in &mut self.vrings {
+            *v = VringSetup::default();
+        }
+        self.acked_features = 0;
+        self.acked_protocol = 0;
+        self.inflight = None;
+        self.set_writeback(true);
+    }
+
+    fn config_bytes(&self) -> [u8; CONFIG_SPACE_LEN] {
+        let mut c = self.device.config_space();
+        c.set_writeback(self.writeback);
+        let mut b = [0u8; CONFIG_SPACE_LEN];
+        b.copy_from_slice(c.as_slice());
+        b
+    }
+
+    /// Refuses an in-flight region description with no queues, more queues than the export
+    /// has, or queues of size 0 or larger than it allows.
+    fn check_inflight_shape(&self, msg: &VhostUserInflight, what: &'static str) -> Result<()> {
+        let cfg = self.device.config();
+        if msg.num_queues == 0
+            || msg.num_queues > cfg.queues
+            || msg.queue_size == 0
+            || msg.queue_size > cfg.queue_size
+        {
+            return Err(Error::InflightShape {
+                what,
+                num_queues: msg.num_queues,
+                queue_size: msg.queue_size,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl VhostUserBackendReqHandlerMut for Session {
+    fn set_owner(&mut self) -> VhuResult<()> {
+        Ok(())
+    }
+
+    fn reset_owner(&mut self) -> VhuResult<()> {
+        self.disconnect();
+        Ok(())
+    }
+
+    fn reset_device(&mut self) -> VhuResult<()> {
+        self.disconnect();
+        Ok(())
+    }
+
+    fn get_features(&mut self) -> VhuResult<u64> {
+        Ok(device_features(self.device.config().readonly))
+    }
+
+    fn set_features(&mut self, features: u64) -> VhuResult<()> {
+        let offered = device_features(self.device.config().readonly);
+        if features & !offered != 0 {
+            return Err(Error::UnofferedFeatures(features & !offered).into());
+        }
+        self.acked_features = features;
+        Ok(())
+    }
+
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy_listening: Option<bool>,
+    ) -> VhuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let mem = self.memory.set(ctx, files)?;
+        self.set_memory(Some(mem));
+        Ok(None)
+    }
+
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VhuResult<()> {
+        let i = self.check_index(index)?;
+        let max = self.device.config().queue_size;
+        if num == 0 || num > u32::from(max) || !num.is_power_of_two() {
+            return Err(Error::QueueSize { num, max }.into());
+        }
+        self.vrings[i].size = num as u16;
+        Ok(())
+    }
+
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VhuResult<()> {
+        let i = self.check_index(index)?;
+        let desc = self.memory.frontend_to_guest(descriptor)?;
+        let used = self.memory.frontend_to_guest(used)?;
+        let avail = self.memory.frontend_to_guest(available)?;
+        // VIRTIO 2.7: descriptor table 16-byte, avail ring 2-byte, used ring 4-byte aligned.
+        // (The frontend's addresses may be aligned while the guest-physical ones are not.)
+        if desc % 16 != 0 || avail % 2 != 0 || used % 4 != 0 {
+            return Err(Error::MisalignedRing { desc, avail, used }.into());
+        }
+        let v = &mut self.vrings[i];
+        (v.desc, v.used, v.avail) = (desc, used, avail);
+        Ok(())
+    }
+
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VhuResult<()> {
+        let i = self.check_index(index)?;
+        self.vrings[i].base = base as u16;
+        Ok(())
+    }
+
+    fn get_vring_base(&mut self, index: u32) -> VhuResult<VhostUserVringState> {
+        let i = self.check_index(index)?;
+        self.stop(i);
+        let v = &mut self.vrings[i];
+        // The ring stays stopped until the frontend kicks it again.
+        v.kick = None;
+        Ok(VhostUserVringState::new(index, u32::from(v.base)))
+    }
+
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VhuResult<()> {
+        let i = self.check_index(u32::from(index))?;
+        self.stop(i);
+        self.vrings[i].kick = fd;
+        self.maybe_start(i);
+        Ok(())
+    }
+
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VhuResult<()> {
+        let i = self.check_index(u32::from(index))?;
+        if self.vrings[i].started {
+            let call = fd.as_ref().and_then(|f| f.try_clone().ok());
+            let (thread, local) = self.device.thread_of(i);
+            thread.send(Command::SetCall { local, call });
+        }
+        self.vrings[i].call = fd;
+        Ok(())
+    }
+
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VhuResult<()> {
+        self.check_index(u32::from(index))?;
+        Ok(())
+    }
+
+    fn get_protocol_features(&mut self) -> VhuResult<VhostUserProtocolFeatures> {
+        Ok(protocol_features())
+    }
+
+    fn set_protocol_features(&mut self, features: u64) -> VhuResult<()> {
+        let unoffered = features & !protocol_features().bits();
+        if unoffered != 0 {
+            return Err(Error::UnofferedFeatures(unoffered).into());
+        }
+        self.acked_protocol = features;
+        Ok(())
+    }
+
+    fn get_queue_num(&mut self) -> VhuResult<u64> {
+        Ok(u64::from(self.device.config().queues))
+    }
+
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VhuResult<()> {
+        let i = self.check_index(index)?;
+        self.vrings[i].enabled = enable;
+        if enable {
+            self.maybe_start(i);
+        } else {
+            self.stop(i);
+        }
+        Ok(())
+    }
+
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VhuResult<Vec<u8>> {
+        let (off, len) = (offset as usize, size as usize);
+        match off.checked_add(len) {
+            Some(end) if end <= CONFIG_SPACE_LEN => Ok(self.config_bytes()[off..end].to_vec()),
+            _ => Err(Error::ConfigAccess { offset, len }.into()),
+        }
+    }
+
+    fn set_config(
+        &mut self,
+        offset: u32,
+        buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VhuResult<()> {
+        // Only the writeback byte is writable, and only with CONFIG_WCE.
+        let wce = features::has(self.acked_features, VIRTIO_BLK_F_CONFIG_WCE);
+        let off = offset as usize;
+        let refused = Error::ConfigAccess {
+            offset,
+            len: buf.len(),
+        };
+        let Some(end) = off.checked_add(buf.len()) else {
+            return Err(refused.into());
+        };
+        if !wce || !(off..end).contains(&CONFIG_WRITEBACK_OFFSET) || end > CONFIG_SPACE_LEN {
+            return Err(refused.into());
+        }
+        let wb = buf[CONFIG_WRITEBACK_OFFSET - off] != 0;
+        if wb != self.writeback {
+            tracing::info!(writeback = wb, "guest changed the cache mode");
+        }
+        self.set_writeback(wb);
+        if let Some(r) = &self.inflight {
+            r.save_writeback(wb);
+        }
+        Ok(())
+    }
+
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VhuResult<()> {
+        Err(Error::Unsupported("gpu socket").into())
+    }
+
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VhuResult<File> {
+        Err(Error::Unsupported("shared object").into())
+    }
+
+    fn get_inflight_fd(&mut self, msg: &VhostUserInflight) -> VhuResult<(VhostUserInflight, File)> {
+        self.check_inflight_shape(msg, "GET_INFLIGHT_FD")?;
+        let (region, file) =
+            InflightRegion::create(msg.num_queues, msg.queue_size).map_err(Error::Inflight)?;
+        let size = region.size() as u64;
+        region.save_writeback(self.writeback);
+        self.inflight = Some(Arc::new(region));
+        Ok((
+            VhostUserInflight::new(size, 0, msg.num_queues, msg.queue_size),
+            file,
+        ))
+    }
+
+    fn set_inflight_fd(&mut self, msg: &VhostUserInflight, file: File) -> VhuResult<()> {
+        self.check_inflight_shape(msg, "SET_INFLIGHT_FD")?;
+        let region = InflightRegion::map(
+            file,
+            msg.mmap_offset,
+            msg.mmap_size,
+            msg.num_queues,
+            msg.queue_size,
+        )
+        .map_err(Error::Inflight)?;
+        // A restart: the frontend does not repeat the guest's CONFIG_WCE choice, but the
+        // previous mqblk saved it in the region.
+        match region.saved_writeback() {
+            Some(wb) if wb != self.writeback => {
+                tracing::info!(
+                    writeback = wb,
+                    "cache mode restored from the in-flight region"
+                );
+                self.set_writeback(wb);
+            }
+            Some(_) => {}
+            None => region.save_writeback(self.writeback),
+        }
+        self.inflight = Some(Arc::new(region));
+        Ok(())
+    }
+
+    fn get_max_mem_slots(&mut self) -> VhuResult<u64> {
+        Ok(MAX_MEM_SLOTS)
+    }
+
+    fn add_mem_region(
+        &mut self,
+        region: &VhostUserSingleMemoryRegion,
+        fd: File,
+        _postcopy_listening: Option<bool>,
+    ) -> VhuResult<Option<VhostUserMemoryRegionBase>> {
+        let mem = self.memory.add(region, fd)?;
+        self.set_memory(Some(mem));
+        Ok(None)
+    }
+
+    fn remove_mem_region(&mut self, region: &VhostUserSingleMemoryRegion) -> VhuResult<()> {
+        let mem = self.memory.remove(region)?;
+        self.set_memory(Some(mem));
+        Ok(())
+    }
+
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VhuResult<Option<File>> {
+        Err(Error::Unsupported("device state transfer").into())
+    }
+
+    fn check_device_state(&mut self) -> VhuResult<()> {
+        Err(Error::Unsupported("device state transfer").into())
+    }
+
+    fn get_shmem_config(&mut self) -> VhuResult<VhostUserShMemConfig> {
+        Err(Error::Unsupported("shared memory regions").into())
+    }
+
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VhuResult<()> {
+        Err(Error::Unsupported("dirty logging").into())
+    }
+}

@@ -1,0 +1,217 @@
+//! From an engine result to the guest: the request's status, its status byte, and its used
+//! entry (the notification decision follows in the loop, once per batch).
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::slots::SlotId;
+use super::thread::IoThread;
+use super::GuestMemory;
+use crate::blk::{self, Kind, Segment, Status};
+
+/// Why a request that reached the engine failed. The message is its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IoFailure {
+    /// The engine reported an error.
+    #[error("I/O error: {}", std::io::Error::from_raw_os_error(*.0))]
+    Errno(i32),
+    /// The engine transferred fewer bytes than the request asked for.
+    #[error("short I/O: {done} of {want} bytes")]
+    Short {
+        /// Bytes transferred.
+        done: u64,
+        /// Bytes asked for.
+        want: u64,
+    },
+}
+
+impl IoFailure {
+    /// The status the guest gets.
+    pub fn status(&self) -> Status {
+        Status::IoErr
+    }
+}
+
+/// The outcome of a request of `kind` whose host I/O returned `res` for `want` bytes.
+pub fn status_of(kind: Kind, res: i32, want: u64) -> Result<(), IoFailure> {
+    if res < 0 {
+        // Discard is a hint: a store that cannot deallocate simply keeps the data.
+        if kind == Kind::Discard && res == -libc::EOPNOTSUPP {
+            return Ok(());
+        }
+        return Err(IoFailure::Errno(-res));
+    }
+    if matches!(kind, Kind::Read | Kind::Write) && res as u64 != want {
+        return Err(IoFailure::Short {
+            done: res as u64,
+            want,
+        });
+    }
+    Ok(())
+}
+
+impl IoThread {
+    /// Completes the host I/O led by `lead` with the engine's result `res`: every member
+    /// request gets its status and its used entry.
+    pub(super) fn complete_io(&mut self, lead: SlotId, res: i32) {
+        let Some(slot) = self.slots.lookup(lead) else {
+            return;
+        };
+        let (kind, head, merged) = (slot.kind, slot.head, slot.is_merged());
+        if res < 0 && !merged {
+            let op = self.op_of(lead);
+            if let Some(again) = self.channel.retry(&op, res, u64::from(lead)) {
+                self.on_started(lead, again);
+                return;
+            }
+        }
+        let outcome = status_of(kind, res, self.slots.io_len(lead));
+        let status = match outcome {
+            Ok(()) => Status::Ok,
+            Err(f) => {
+                if let Some(d) = self.log.allow() {
+                    tracing::warn!(?kind, head, err = %f, dropped_logs = d, "request failed");
+                }
+                f.status()
+            }
+        };
+        // Borrowed by taking it out and putting it back: no reference-count traffic per
+        // completion. (Memory is swapped only when no slot is in use, so it is here.)
+        let Some(mem) = self.mem.take() else {
+            return;
+        };
+        let mut next = Some(lead);
+        while let Some(id) = next {
+            next = self.slots.next_member(id);
+            let s = self.slots.get(id);
+            let (queue, head, len, status_addr) = (s.queue as usize, s.head, s.len, s.status_addr);
+            if status == Status::Ok && matches!(kind, Kind::Read | Kind::Write) {
+                self.counters.bytes += len;
+            }
+            let used_len = if kind == Kind::Read && status == Status::Ok {
+                len as u32 + 1
+            } else {
+                1
+            };
+            self.slots.release(id);
+            self.answer(queue, head, status, used_len, Some(status_addr), &mem);
+        }
+        self.mem = Some(mem);
+    }
+
+    /// Answers a request: writes `status` (if there is a status byte) and adds the used entry.
+    /// A status byte that cannot be written is answered with a used length of 0.
+    pub(super) fn answer(
+        &mut self,
+        local: usize,
+        head: u16,
+        status: Status,
+        used_len: u32,
+        status_addr: Option<GuestAddress>,
+        mem: &GuestMemory,
+    ) {
+        let used_len = match status_addr {
+            Some(addr) if mem.write_obj(status as u8, addr).is_ok() => used_len,
+            _ => 0,
+        };
+        if status != Status::Ok {
+            self.counters.errors += 1;
+        }
+        self.counters.requests += 1;
+        let max_in_flight = u32::from(self.queue_sizes[local]);
+        let Some(Some(q)) = self.queues.get_mut(local) else {
+            return;
+        };
+        if let Err(e) = q.add_used(mem, head, used_len, max_in_flight) {
+            if let Some(d) = self.log.allow() {
+                tracing::warn!(queue = q.index, err = %e, dropped_logs = d, "cannot add used entry");
+            }
+        }
+    }
+}
+
+/// Writes the serial (NUL-padded to 20 bytes, as much as `len` allows) into a GET_ID
+/// request's buffers. False when a buffer cannot be written.
+pub fn write_id(mem: &GuestMemory, segs: &[Segment], serial: &[u8], len: usize) -> bool {
+    let mut id = [0u8; blk::request::ID_LEN];
+    let n = serial.len().min(id.len());
+    id[..n].copy_from_slice(&serial[..n]);
+    let len = len.min(id.len());
+    let mut at = 0usize;
+    for s in segs {
+        if at >= len {
+            break;
+        }
+        let n = (len - at).min(s.len as usize);
+        if mem.write_slice(&id[at..at + n], s.addr).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_to_statuses() {
+        assert_eq!(status_of(Kind::Read, 4096, 4096), Ok(()));
+        assert_eq!(
+            status_of(Kind::Read, 512, 4096),
+            Err(IoFailure::Short {
+                done: 512,
+                want: 4096
+            })
+        );
+        assert_eq!(
+            status_of(Kind::Write, -libc::EIO, 4096),
+            Err(IoFailure::Errno(libc::EIO))
+        );
+        assert_eq!(status_of(Kind::Flush, 0, 0), Ok(()));
+        assert_eq!(
+            status_of(Kind::Flush, -libc::EIO, 0),
+            Err(IoFailure::Errno(libc::EIO))
+        );
+        // Discard is a hint; write-zeroes is not.
+        assert_eq!(status_of(Kind::Discard, -libc::EOPNOTSUPP, 0), Ok(()));
+        assert_eq!(
+            status_of(Kind::WriteZeroes { unmap: false }, -libc::EOPNOTSUPP, 0),
+            Err(IoFailure::Errno(libc::EOPNOTSUPP))
+        );
+        assert_eq!(IoFailure::Errno(libc::EIO).status(), Status::IoErr);
+        assert!(IoFailure::Short { done: 1, want: 2 }
+            .to_string()
+            .contains("short"));
+    }
+
+    #[test]
+    fn serial_is_padded_and_bounded() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        let segs = [
+            Segment {
+                addr: GuestAddress(0x100),
+                len: 8,
+            },
+            Segment {
+                addr: GuestAddress(0x200),
+                len: 64,
+            },
+        ];
+        mem.write_slice(&[0xff; 64], GuestAddress(0x200)).unwrap();
+        assert!(write_id(&mem, &segs, b"disk-serial-1", 20));
+        let mut a = [0u8; 8];
+        let mut b = [0u8; 13];
+        mem.read_slice(&mut a, GuestAddress(0x100)).unwrap();
+        mem.read_slice(&mut b, GuestAddress(0x200)).unwrap();
+        assert_eq!(&a, b"disk-ser");
+        assert_eq!(&b[..5], b"ial-1");
+        assert_eq!(&b[5..12], &[0; 7], "padded with NULs to 20 bytes");
+        assert_eq!(b[12], 0xff, "nothing past the 20 bytes");
+        let outside = [Segment {
+            addr: GuestAddress(0x2000),
+            len: 20,
+        }];
+        assert!(!write_id(&mem, &outside, b"x", 20));
+    }
+}

@@ -1,0 +1,205 @@
+//! The I/O threads: each owns its queues, its io_uring and its engine channel, and runs the
+//! whole request path for them.
+//!
+//! ```text
+//! kick (multishot poll on the kick eventfd) or a poll of the avail ring
+//!   -> pop avail chains (vq) -> parse + validate (blk::request) -> map to host iovecs (slots)
+//!   -> merge adjacent requests (policy::merge) -> start on the engine channel (submit)
+//!   -> one io_uring_enter for the batch (ring)
+//!   -> reap completions on this thread -> status byte + used entry (complete)
+//!   -> one guest notification per queue per batch, if EVENT_IDX says the guest wants it (vq)
+//!   -> adapt the poll window and batch wait (policy)
+//! ```
+//!
+//! The files, one stage each: [`thread`] (the loop only), [`ring`] (io_uring setup, tokens,
+//! accounting, registration), [`vq`] (popping, used entries, notification decisions),
+//! [`slots`] (the slot table and iovec mapping), `submit` (staging, merging, starting I/O),
+//! `complete` (result to status to used entry), `control` (commands from the frontend),
+//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging).
+//!
+//! Nothing here takes a lock shared with another I/O thread or allocates per request once warm.
+
+mod complete;
+mod control;
+pub mod policy;
+mod rate_limit;
+pub mod ring;
+pub mod slots;
+pub mod stats;
+mod submit;
+#[cfg(test)]
+mod tests;
+mod thread;
+pub mod vq;
+
+use std::fs::File;
+use std::sync::mpsc::{Sender, SyncSender};
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::blk::Limits;
+use crate::config::Tuning;
+use crate::engine::Engine;
+use crate::frontend::inflight::InflightQueue;
+
+pub use complete::status_of;
+pub use slots::IOV_MAX;
+pub use stats::{IoCounters, SharedCounters};
+
+/// Guest memory as the I/O threads see it.
+pub type GuestMemory = GuestMemoryMmap<()>;
+
+/// Largest merged host I/O.
+pub const MAX_MERGE_BYTES: u64 = 1 << 20;
+
+/// Commands from the frontend session to an I/O thread.
+pub enum Command {
+    /// Start serving a queue.
+    Start {
+        /// Index among this thread's queues.
+        local: usize,
+        /// The queue's index in the device (for logs).
+        index: usize,
+        /// The configured queue (addresses, size, next indices, EVENT_IDX).
+        queue: Queue,
+        /// Guest-to-backend notifications.
+        kick: File,
+        /// Backend-to-guest notifications.
+        call: Option<File>,
+        /// In-flight tracking for this queue (INFLIGHT_SHMFD), if the frontend set it up.
+        inflight: Option<InflightQueue>,
+        /// Heads that were in flight before a reconnect, to resubmit first, in fetch order.
+        resubmit: Vec<u16>,
+    },
+    /// Stop a queue once its in-flight requests have completed; replies with its next avail
+    /// index.
+    Stop {
+        /// Index among this thread's queues.
+        local: usize,
+        /// Where the next avail index goes.
+        reply: SyncSender<u16>,
+    },
+    /// Replace a running queue's call eventfd.
+    SetCall {
+        /// Index among this thread's queues.
+        local: usize,
+        /// The new eventfd.
+        call: Option<File>,
+    },
+    /// Swap guest memory once nothing is in flight; replies when done.
+    SetMem {
+        /// The new memory map (None: no memory, after a disconnect).
+        mem: Option<Arc<GuestMemory>>,
+        /// Acknowledgement.
+        reply: SyncSender<()>,
+    },
+    /// Write-back (true) or write-through (false) cache mode, from CONFIG_WCE.
+    SetWriteback(bool),
+    /// Drain everything and exit the thread.
+    Shutdown,
+}
+
+/// Static settings of an I/O thread.
+pub struct IoThreadConfig {
+    /// Thread name.
+    pub name: String,
+    /// CPU to pin to.
+    pub cpu: Option<usize>,
+    /// Largest size of each of this thread's queues, by local index.
+    pub queue_sizes: Vec<u16>,
+    /// Request validation limits.
+    pub limits: Limits,
+    /// GET_ID answer (at most 20 bytes).
+    pub serial: Vec<u8>,
+    /// Polling, batching, merging and io_uring settings.
+    pub tuning: Tuning,
+}
+
+/// What the frontend keeps of a running I/O thread.
+pub struct IoThreadHandle {
+    commands: Sender<Command>,
+    wake: EventFd,
+    counters: Arc<SharedCounters>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl IoThreadHandle {
+    /// Sends a command and wakes the thread.
+    pub fn send(&self, cmd: Command) {
+        if self.commands.send(cmd).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+
+    /// The thread's published counters.
+    pub fn counters(&self) -> &SharedCounters {
+        &self.counters
+    }
+
+    /// Stops the thread after draining, and joins it.
+    pub fn shutdown(&mut self) {
+        self.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts an I/O thread serving `engine`; returns once it is ready (or failed to set up).
+pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<IoThreadHandle> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let wake = EventFd::new(libc::EFD_CLOEXEC)?;
+    let thread_wake = wake.try_clone()?;
+    let counters = Arc::new(SharedCounters::default());
+    let thread_counters = counters.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name(cfg.name.clone())
+        .spawn(move || {
+            if let Some(cpu) = cfg.cpu {
+                pin_to_cpu(cpu);
+            }
+            match thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters) {
+                Ok(mut t) => {
+                    let _ = ready_tx.send(Ok(()));
+                    t.run();
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(IoThreadHandle {
+            commands: tx,
+            wake,
+            counters,
+            thread: Some(thread),
+        }),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => Err(std::io::Error::other("I/O thread died during setup")),
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        tracing::warn!(cpu, "CPU number too large to pin to");
+        return;
+    }
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it for cpu < CPU_SETSIZE (checked
+    // above); sched_setaffinity reads it for the calling thread (pid 0).
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        tracing::warn!(cpu, err = %std::io::Error::last_os_error(), "could not pin I/O thread");
+    }
+}

@@ -1,0 +1,10 @@
+//! The request path's policies: small pure types with unit tests, composed by the I/O thread's
+//! loop. Each decides one thing from recent history and nothing else.
+
+pub mod batch;
+pub mod merge;
+pub mod poll;
+
+pub use batch::BatchPolicy;
+pub use merge::{MergeLimits, Shape};
+pub use poll::PollPolicy;

@@ -1,0 +1,297 @@
+//! From the avail rings to the engine: pop, parse and validate each chain, map its buffers,
+//! stage it, then merge adjacent requests and start each host I/O on the engine channel.
+
+use std::time::Instant;
+
+use super::complete::write_id;
+use super::policy::merge::{self, Dir, MergeLimits, Shape};
+use super::slots::{map_segments, SlotId, IOV_MAX};
+use super::thread::IoThread;
+use super::vq::Pop;
+use super::{GuestMemory, MAX_MERGE_BYTES};
+use crate::blk::chain::ChainWalker;
+use crate::blk::{self, Kind, Status};
+use crate::engine::{Op, Started};
+use virtio_queue::QueueT;
+
+impl IoThread {
+    /// Pops and stages what the queues have, waiting a little for more under heavy load
+    /// (`batch-wait-us`).
+    pub(super) fn gather(&mut self) {
+        if self.pending_mem.is_some() {
+            return;
+        }
+        self.pop_pending();
+        let wait = self.batch.wait_ns(self.staged.len());
+        if wait > 0 {
+            let start = Instant::now();
+            let target = self.batch.mean() as usize;
+            let mut spins = 0u32;
+            while self.staged.len() < target {
+                if self.any_avail() {
+                    self.pop_pending();
+                    continue;
+                }
+                spins += 1;
+                if spins.is_multiple_of(16) && start.elapsed().as_nanos() as u64 >= wait {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            self.counters.batch_waits += 1;
+        }
+        if !self.staged.is_empty() {
+            self.batch.record(self.staged.len());
+        }
+    }
+
+    fn pop_pending(&mut self) {
+        for local in 0..self.queues.len() {
+            if matches!(&self.queues[local], Some(q) if q.pending && q.is_serving()) {
+                self.pop_queue(local);
+            }
+        }
+    }
+
+    /// Pops one queue's avail ring, bounded by its size in flight.
+    fn pop_queue(&mut self, local: usize) {
+        let Some(mem) = self.mem.clone() else {
+            return;
+        };
+        let max_in_flight = u32::from(self.queue_sizes[local]);
+        let q = self.queues[local].as_mut().expect("caller checked");
+        if let Err(e) = q.begin_pop(&mem) {
+            self.broke(local, e);
+            return;
+        }
+        loop {
+            let q = self.queues[local].as_mut().expect("caller checked");
+            match q.pop(&mem, max_in_flight) {
+                Pop::Chain(chain) => {
+                    let head = chain.head_index();
+                    self.start_request(local, head, chain, &mem);
+                }
+                Pop::Empty | Pop::Full => return,
+                Pop::Broken(e) => {
+                    self.broke(local, e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Marks a queue broken by its guest: nothing more is taken from it until it restarts.
+    fn broke(&mut self, local: usize, what: &'static str) {
+        let Some(q) = self.queues[local].as_mut() else {
+            return;
+        };
+        q.broken = true;
+        if let Some(d) = self.log.allow() {
+            tracing::error!(
+                queue = q.index,
+                err = what,
+                dropped_logs = d,
+                "guest broke the ring; queue stopped until reset"
+            );
+        }
+    }
+
+    /// Resubmits requests that were in flight when the previous backend died (they are still
+    /// marked in the in-flight region, with their original fetch order).
+    pub(super) fn resubmit(&mut self, local: usize, heads: &[u16]) {
+        let Some(mem) = self.mem.clone() else {
+            return;
+        };
+        for &head in heads {
+            let q = self.queues[local].as_mut().expect("just started");
+            q.in_flight += 1;
+            let (table, size) = (q.queue.desc_table(), q.queue.size());
+            let chain = ChainWalker::new(&*mem, vm_memory::GuestAddress(table), size, head);
+            self.start_request(local, head, chain, &mem);
+        }
+    }
+
+    /// Parses and validates one chain; answers it at once if it is bad or needs no I/O, else
+    /// stages it for the engine.
+    fn start_request<I>(&mut self, local: usize, head: u16, chain: I, mem: &GuestMemory)
+    where
+        I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
+    {
+        let req = match blk::parse(chain, mem, &self.limits, &mut self.scratch, &mut self.segs) {
+            Ok(r) => r,
+            Err(rej) => {
+                if let Some(d) = self.log.allow() {
+                    let q = self.queues[local].as_ref().map_or(0, |q| q.index);
+                    tracing::warn!(queue = q, head, reason = %rej.reason, status = ?rej.status, dropped_logs = d, "bad request from guest");
+                }
+                self.answer(local, head, rej.status, 1, rej.status_addr, mem);
+                return;
+            }
+        };
+        let status_addr = Some(req.status_addr);
+        if req.kind == Kind::GetId {
+            let ok = write_id(mem, &self.segs, &self.serial, req.len as usize);
+            let status = if ok { Status::Ok } else { Status::IoErr };
+            self.answer(local, head, status, req.len as u32 + 1, status_addr, mem);
+            return;
+        }
+        let Some(id) = self.slots.alloc() else {
+            // Cannot happen: slots = sum of queue sizes and each queue is held at its size.
+            // Fail safely anyway.
+            self.answer(local, head, Status::IoErr, 1, status_addr, mem);
+            return;
+        };
+        let slot = self.slots.get_mut(id);
+        if matches!(req.kind, Kind::Read | Kind::Write) {
+            if !map_segments(mem, &self.segs, &mut slot.iovs) {
+                self.slots.release(id);
+                if let Some(d) = self.log.allow() {
+                    tracing::warn!(head, dropped_logs = d, "bad request from guest: data buffer outside guest memory or too many segments");
+                }
+                self.answer(local, head, Status::IoErr, 1, status_addr, mem);
+                return;
+            }
+        } else {
+            slot.iovs.clear();
+        }
+        slot.queue = local as u16;
+        slot.head = head;
+        slot.kind = req.kind;
+        slot.status_addr = req.status_addr;
+        slot.len = req.len;
+        slot.offset = req.offset();
+        self.staged.push(id);
+    }
+
+    /// Hands the staged requests to the engine: adjacent reads/writes of one queue merged into
+    /// one host I/O where allowed; ring entries go out with the next io_uring_enter.
+    pub(super) fn start_staged(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let mut shapes = std::mem::take(&mut self.shapes);
+        shapes.clear();
+        shapes.extend(staged.iter().map(|&id| shape_of(self.slots.get(id))));
+        let limits = MergeLimits {
+            max_iovs: if self.tuning.merge { IOV_MAX } else { 0 },
+            max_bytes: MAX_MERGE_BYTES,
+        };
+        let mut runs = std::mem::take(&mut self.runs);
+        runs.clear();
+        merge::plan(&shapes, &limits, |a, n| runs.push((a, n)));
+        for &(a, n) in &runs {
+            // A run never mixes queues: split it where the queue changes.
+            let mut start = a;
+            while start < a + n {
+                let queue = self.slots.get(staged[start]).queue;
+                let mut end = start + 1;
+                while end < a + n && self.slots.get(staged[end]).queue == queue {
+                    end += 1;
+                }
+                self.start_run(&staged[start..end]);
+                start = end;
+            }
+        }
+        self.shapes = shapes;
+        self.runs = runs;
+        let mut staged = staged;
+        staged.clear();
+        self.staged = staged;
+    }
+
+    /// Starts one host I/O for `run` (one request, or several merged).
+    fn start_run(&mut self, run: &[SlotId]) {
+        let lead = run[0];
+        if run.len() > 1 {
+            self.slots.link(run);
+            self.counters.merges += (run.len() - 1) as u64;
+        }
+        self.counters.submitted += run.len() as u64;
+        let op = self.op_of(lead);
+        match op {
+            Op::Read {
+                buf_index: Some(_), ..
+            }
+            | Op::Write {
+                buf_index: Some(_), ..
+            } => self.counters.fixed_buf_ios += 1,
+            _ => {}
+        }
+        if let Op::Write { sync: true, .. } = op {
+            self.counters.sync_writes += 1;
+        }
+        let started = self.channel.start(&op, u64::from(lead));
+        self.on_started(lead, started);
+    }
+
+    /// Acts on how the engine took the I/O led by `lead`.
+    pub(super) fn on_started(&mut self, lead: SlotId, started: Started) {
+        match started {
+            Started::Ring(sqe) => {
+                // SAFETY: the entry names the slot's iovecs and the guest memory they describe.
+                // The slot is reused only after this entry's completion, and guest memory is
+                // swapped only when no slot is in use.
+                unsafe { self.ring.push_io(sqe, lead, &mut self.counters) };
+            }
+            Started::Pending => {}
+            Started::Done(res) => self.complete_io(lead, res),
+        }
+    }
+
+    /// The engine operation for the I/O led by `lead`.
+    pub(super) fn op_of(&self, lead: SlotId) -> Op {
+        let slot = self.slots.get(lead);
+        let iovs = slot.io_iovs();
+        let (ptr, cnt) = (iovs.as_ptr(), iovs.len() as u32);
+        let buf_index = self.ring.buffer_index(iovs);
+        match slot.kind {
+            Kind::Read => Op::Read {
+                offset: slot.offset,
+                iovs: ptr,
+                iovcnt: cnt,
+                buf_index,
+            },
+            Kind::Write => Op::Write {
+                offset: slot.offset,
+                iovs: ptr,
+                iovcnt: cnt,
+                sync: !self.writeback,
+                buf_index,
+            },
+            Kind::Flush | Kind::GetId => Op::Flush,
+            Kind::Discard => Op::Discard {
+                offset: slot.offset,
+                len: slot.len,
+            },
+            Kind::WriteZeroes { unmap } => Op::WriteZeroes {
+                offset: slot.offset,
+                len: slot.len,
+                unmap,
+            },
+        }
+    }
+}
+
+/// What the merge plan needs of a staged request. Only reads and writes merge: everything else
+/// gets a shape that never extends or is extended.
+fn shape_of(s: &super::slots::Slot) -> Shape {
+    match s.kind {
+        Kind::Read | Kind::Write => Shape {
+            dir: if s.kind == Kind::Read {
+                Dir::Read
+            } else {
+                Dir::Write
+            },
+            offset: s.offset,
+            len: s.len,
+            iovs: s.iovs.len(),
+        },
+        _ => Shape {
+            dir: Dir::Write,
+            offset: u64::MAX,
+            len: 0,
+            iovs: IOV_MAX + 1,
+        },
+    }
+}

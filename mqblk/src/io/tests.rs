@@ -1,0 +1,375 @@
+//! The I/O thread as a whole, in-process: a real thread, ring and virtqueue in real (anonymous)
+//! guest memory, driven the way the frontend drives it, on a fake engine that completes
+//! through its own completion fd, the path an asynchronous engine (librbd) takes.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{spawn, Command, GuestMemory, IoThreadConfig, IoThreadHandle};
+use crate::blk::{Limits, Status};
+use crate::config::Tuning;
+use crate::engine::{Channel, Engine, Op, Started};
+
+const QSIZE: u16 = 16;
+const DESC: u64 = 0x0;
+const AVAIL: u64 = 0x1000;
+const USED: u64 = 0x2000;
+const CAPACITY: u64 = 1 << 20;
+
+fn eventfd() -> File {
+    // SAFETY: eventfd(2) with valid flags; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor, owned by the File alone.
+    unsafe { File::from_raw_fd(fd) }
+}
+
+fn signal(f: &File) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
+    assert_eq!(
+        unsafe { libc::write(f.as_raw_fd(), one.as_ptr().cast(), 8) },
+        8
+    );
+}
+
+/// Waits up to `timeout` for an eventfd to be signalled, and consumes the signal.
+fn wait_signalled(f: &File, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: f.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one valid descriptor in a live local.
+    if unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) } != 1 {
+        return false;
+    }
+    let mut v = [0u8; 8];
+    // SAFETY: reads 8 bytes into a live buffer from an eventfd we own.
+    unsafe { libc::read(f.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+    true
+}
+
+/// What the fake engine saw.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Read { offset: u64, bytes: usize },
+    Write { offset: u64, first: u8 },
+    Flush,
+}
+
+/// An engine that completes asynchronously: `start` fills reads with the offset's low byte,
+/// queues the result and signals its completion eventfd; `reap` hands the results over.
+struct FakeEngine {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+struct FakeChannel {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    done: VecDeque<(u64, i32)>,
+    events: File,
+}
+
+impl Engine for FakeEngine {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn capacity(&self) -> u64 {
+        CAPACITY
+    }
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn channel(&self) -> std::io::Result<Box<dyn Channel>> {
+        Ok(Box::new(FakeChannel {
+            seen: self.seen.clone(),
+            done: VecDeque::new(),
+            events: eventfd(),
+        }))
+    }
+}
+
+impl Channel for FakeChannel {
+    fn start(&mut self, op: &Op, token: u64) -> Started {
+        let (seen, res) = match *op {
+            Op::Read {
+                offset,
+                iovs,
+                iovcnt,
+                ..
+            } => {
+                // SAFETY: the contract of `Op`: valid, writable iovecs until completion.
+                let iovs = unsafe { std::slice::from_raw_parts(iovs, iovcnt as usize) };
+                let mut bytes = 0;
+                for v in iovs {
+                    // SAFETY: as above.
+                    unsafe {
+                        std::ptr::write_bytes(v.iov_base.cast::<u8>(), offset as u8, v.iov_len)
+                    };
+                    bytes += v.iov_len;
+                }
+                (Seen::Read { offset, bytes }, bytes as i32)
+            }
+            Op::Write {
+                offset,
+                iovs,
+                iovcnt,
+                ..
+            } => {
+                // SAFETY: as above.
+                let iovs = unsafe { std::slice::from_raw_parts(iovs, iovcnt as usize) };
+                // SAFETY: as above; every iovec is at least one byte here.
+                let first = unsafe { *iovs[0].iov_base.cast::<u8>() };
+                let bytes: usize = iovs.iter().map(|v| v.iov_len).sum();
+                (Seen::Write { offset, first }, bytes as i32)
+            }
+            Op::Flush => (Seen::Flush, 0),
+            _ => return Started::Done(-libc::EOPNOTSUPP),
+        };
+        self.seen.lock().unwrap().push(seen);
+        self.done.push_back((token, res));
+        signal(&self.events);
+        Started::Pending
+    }
+    fn completion_fd(&self) -> Option<RawFd> {
+        Some(self.events.as_raw_fd())
+    }
+    fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
+        let mut v = [0u8; 8];
+        // SAFETY: reads the (non-blocking) eventfd's counter into a live buffer.
+        unsafe { libc::read(self.events.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        while let Some((t, r)) = self.done.pop_front() {
+            done(t, r);
+        }
+    }
+}
+
+/// A guest: memory, a split virtqueue laid out by hand, and its eventfds.
+struct Guest {
+    mem: Arc<GuestMemory>,
+    kick: File,
+    call: File,
+    next_desc: u16,
+    avail_idx: u16,
+}
+
+impl Guest {
+    fn new() -> Self {
+        Guest {
+            mem: Arc::new(GuestMemory::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()),
+            kick: eventfd(),
+            call: eventfd(),
+            next_desc: 0,
+            avail_idx: 0,
+        }
+    }
+
+    fn queue(&self) -> Queue {
+        let mut q = Queue::new(QSIZE).unwrap();
+        q.set_size(QSIZE);
+        q.set_desc_table_address(Some(DESC as u32), Some(0));
+        q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
+        q.set_used_ring_address(Some(USED as u32), Some(0));
+        q.set_ready(true);
+        assert!(q.is_valid(&*self.mem));
+        q
+    }
+
+    /// Posts a request: header, optional data buffer, status byte. Returns its head and the
+    /// addresses of its data and status.
+    fn post(&mut self, kind: u32, sector: u64, data: Option<(u32, bool)>) -> (u16, u64, u64) {
+        let head = self.next_desc;
+        let base = 0x1_0000 + u64::from(head) * 0x2000;
+        let (hdr, data_addr, status) = (base, base + 0x200, base + 0x1800);
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&kind.to_le_bytes());
+        h[8..16].copy_from_slice(&sector.to_le_bytes());
+        self.mem.write_slice(&h, GuestAddress(hdr)).unwrap();
+        self.mem.write_obj(0xffu8, GuestAddress(status)).unwrap();
+        let next = VRING_DESC_F_NEXT as u16;
+        let write = VRING_DESC_F_WRITE as u16;
+        let mut descs = vec![(hdr, 16, next)];
+        if let Some((len, device_writes)) = data {
+            descs.push((data_addr, len, next | if device_writes { write } else { 0 }));
+        }
+        descs.push((status, 1, write));
+        for (k, &(addr, len, flags)) in descs.iter().enumerate() {
+            let i = self.next_desc + k as u16;
+            let flags = if k + 1 == descs.len() {
+                flags & !next
+            } else {
+                flags
+            };
+            let d = Descriptor::new(addr, len, flags, i + 1);
+            self.mem
+                .write_obj(d, GuestAddress(DESC + 16 * u64::from(i)))
+                .unwrap();
+        }
+        self.next_desc += descs.len() as u16;
+        let slot = u64::from(self.avail_idx % QSIZE);
+        self.mem
+            .write_obj(head, GuestAddress(AVAIL + 4 + 2 * slot))
+            .unwrap();
+        self.avail_idx += 1;
+        self.mem
+            .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
+            .unwrap();
+        (head, data_addr, status)
+    }
+
+    fn used_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    /// The used element `i`: (id, len).
+    fn used(&self, i: u16) -> (u32, u32) {
+        let at = USED + 4 + 8 * u64::from(i);
+        (
+            self.mem.read_obj(GuestAddress(at)).unwrap(),
+            self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
+        )
+    }
+
+    fn byte(&self, addr: u64) -> u8 {
+        self.mem.read_obj(GuestAddress(addr)).unwrap()
+    }
+
+    /// Kicks and waits until `n` requests have been used.
+    fn kick_and_wait(&self, n: u16) {
+        signal(&self.kick);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.used_idx() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "requests not completed"
+            );
+            wait_signalled(&self.call, Duration::from_millis(100));
+        }
+    }
+}
+
+fn start_thread(guest: &Guest, seen: Arc<Mutex<Vec<Seen>>>) -> IoThreadHandle {
+    let cfg = IoThreadConfig {
+        name: "mqblk-io-test".into(),
+        cpu: None,
+        queue_sizes: vec![QSIZE],
+        limits: Limits {
+            capacity_sectors: CAPACITY >> 9,
+            max_descriptors: 8,
+            readonly: false,
+            max_discard_sectors: 1 << 20,
+            max_write_zeroes_sectors: 1 << 20,
+        },
+        serial: b"test".to_vec(),
+        tuning: Tuning::default(),
+    };
+    let t = spawn(cfg, Arc::new(FakeEngine { seen })).unwrap();
+    let (tx, rx) = sync_channel(1);
+    t.send(Command::SetMem {
+        mem: Some(guest.mem.clone()),
+        reply: tx,
+    });
+    rx.recv().unwrap();
+    t.send(Command::Start {
+        local: 0,
+        index: 0,
+        queue: guest.queue(),
+        kick: guest.kick.try_clone().unwrap(),
+        call: Some(guest.call.try_clone().unwrap()),
+        inflight: None,
+        resubmit: Vec::new(),
+    });
+    t
+}
+
+#[test]
+fn requests_go_through_an_asynchronous_engine_and_bad_ones_never_reach_it() {
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut t = start_thread(&guest, seen.clone());
+
+    let (r_head, r_data, r_status) = guest.post(VIRTIO_BLK_T_IN, 8, Some((4096, true)));
+    let (w_head, w_data, w_status) = guest.post(VIRTIO_BLK_T_OUT, 16, Some((512, false)));
+    guest
+        .mem
+        .write_slice(&[0x5a; 512], GuestAddress(w_data))
+        .unwrap();
+    let (f_head, _, f_status) = guest.post(VIRTIO_BLK_T_FLUSH, 0, None);
+    // Past the end of the disk: refused with IOERR before the engine sees it.
+    let (bad_head, _, bad_status) = guest.post(VIRTIO_BLK_T_IN, CAPACITY >> 9, Some((512, true)));
+    guest.kick_and_wait(4);
+
+    let used: Vec<(u32, u32)> = (0..4).map(|i| guest.used(i)).collect();
+    let find = |head: u16| {
+        used.iter()
+            .find(|u| u.0 == u32::from(head))
+            .copied()
+            .unwrap()
+    };
+    assert_eq!(
+        find(r_head).1,
+        4096 + 1,
+        "a read's used length counts its data and status"
+    );
+    assert_eq!(find(w_head).1, 1);
+    assert_eq!(find(f_head).1, 1);
+    assert_eq!(find(bad_head).1, 1);
+    assert_eq!(guest.byte(r_status), Status::Ok as u8);
+    assert_eq!(guest.byte(w_status), Status::Ok as u8);
+    assert_eq!(guest.byte(f_status), Status::Ok as u8);
+    assert_eq!(guest.byte(bad_status), Status::IoErr as u8);
+    assert_eq!(
+        guest.byte(r_data),
+        (8u64 << 9) as u8,
+        "the engine's data reached guest memory"
+    );
+    assert_eq!(guest.byte(r_data + 4095), (8u64 << 9) as u8);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.contains(&Seen::Read {
+        offset: 8 << 9,
+        bytes: 4096
+    }));
+    assert!(seen.contains(&Seen::Write {
+        offset: 16 << 9,
+        first: 0x5a
+    }));
+    assert!(seen.contains(&Seen::Flush));
+
+    t.shutdown();
+    let c = super::IoCounters::sum([t.counters()]);
+    assert_eq!((c.requests, c.errors, c.submitted), (4, 1, 3), "{c:?}");
+    assert_eq!(c.bytes, 4096 + 512);
+}
+
+#[test]
+fn a_stop_waits_for_in_flight_requests_and_reports_the_next_avail_index() {
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut t = start_thread(&guest, seen);
+    guest.post(VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    guest.post(VIRTIO_BLK_T_IN, 1, Some((512, true)));
+    guest.kick_and_wait(2);
+    let (tx, rx) = sync_channel(1);
+    t.send(Command::Stop {
+        local: 0,
+        reply: tx,
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 2);
+    // A stopped queue takes nothing more.
+    guest.post(VIRTIO_BLK_T_IN, 2, Some((512, true)));
+    signal(&guest.kick);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(guest.used_idx(), 2);
+    t.shutdown();
+}

@@ -1,0 +1,314 @@
+//! The I/O thread's state and its loop. The stages the loop calls live beside it: `submit`
+//! (gather, parse, merge, start), `complete` (results to used entries), `control` (commands).
+//!
+//! The thread blocks only in `io_uring_enter(submit, wait 1)`: kicks, control commands, engine
+//! completions and an engine's own completion fd all arrive as completions on its ring, and the
+//! guest notifications are ring entries too, so a batch costs one syscall. While requests keep
+//! coming it polls instead (the adaptive window of `policy::poll`), with guest notifications
+//! suppressed.
+
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::policy::{BatchPolicy, PollPolicy, Shape};
+use super::rate_limit::RateLimit;
+use super::ring::{Ring, Token};
+use super::slots::{SlotId, SlotTable};
+use super::stats::{IoCounters, SharedCounters};
+use super::vq::Vq;
+use super::{Command, GuestMemory, IoThreadConfig};
+use crate::blk::{Limits, Scratch, Segment};
+use crate::config::Tuning;
+use crate::engine::{Channel, Engine};
+
+/// Poll-loop iterations between yields of the CPU (a few microseconds).
+const YIELD_SPINS: u32 = 128;
+
+/// An I/O thread.
+pub(super) struct IoThread {
+    pub(super) ring: Ring,
+    /// Keeps the storage open for `channel`.
+    _engine: Arc<dyn Engine>,
+    pub(super) channel: Box<dyn Channel>,
+    /// Results of pending engine operations, collected from the channel.
+    pub(super) engine_done: Vec<(u64, i32)>,
+    pub(super) commands: Receiver<Command>,
+    pub(super) wake: EventFd,
+    /// Where the wake eventfd's counter is read to (stable: boxed).
+    pub(super) wake_buf: Box<u64>,
+    shared: Arc<SharedCounters>,
+    pub(super) counters: IoCounters,
+    /// This thread's queues, by local index; `None` while stopped.
+    pub(super) queues: Vec<Option<Vq>>,
+    /// Each queue's largest size: the most requests it may have in flight.
+    pub(super) queue_sizes: Vec<u16>,
+    pub(super) generations: Vec<u16>,
+    pub(super) slots: SlotTable,
+    /// Requests parsed in this batch and not yet started on the engine, in order.
+    pub(super) staged: Vec<SlotId>,
+    /// Scratch for the merge plan.
+    pub(super) shapes: Vec<Shape>,
+    pub(super) runs: Vec<(usize, usize)>,
+    pub(super) mem: Option<Arc<GuestMemory>>,
+    /// A memory swap waiting for in-flight requests to drain.
+    pub(super) pending_mem: Option<(Option<Arc<GuestMemory>>, SyncSender<()>)>,
+    pub(super) limits: Limits,
+    pub(super) serial: Vec<u8>,
+    /// Write-back cache mode (false: writes go out RWF_DSYNC).
+    pub(super) writeback: bool,
+    pub(super) scratch: Scratch,
+    pub(super) segs: Vec<Segment>,
+    pub(super) shutdown: bool,
+    pub(super) log: RateLimit,
+    pub(super) tuning: Tuning,
+    pub(super) batch: BatchPolicy,
+    poll: PollPolicy,
+}
+
+impl IoThread {
+    pub(super) fn new(
+        cfg: IoThreadConfig,
+        engine: Arc<dyn Engine>,
+        commands: Receiver<Command>,
+        wake: EventFd,
+        shared: Arc<SharedCounters>,
+    ) -> std::io::Result<Self> {
+        let nslots: usize = cfg.queue_sizes.iter().map(|&s| s as usize).sum();
+        let nq = cfg.queue_sizes.len();
+        // Every in-flight request, kick poll and notification fits at once.
+        let entries = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
+        let mut ring = Ring::new(entries, &cfg.tuning)?;
+        let channel = engine.channel()?;
+        if cfg.tuning.fixed_files {
+            ring.register_file(channel.file_fd());
+        }
+        let mut t = IoThread {
+            ring,
+            _engine: engine,
+            channel,
+            engine_done: Vec::new(),
+            commands,
+            wake,
+            wake_buf: Box::new(0),
+            shared,
+            counters: IoCounters::default(),
+            queues: (0..nq).map(|_| None).collect(),
+            queue_sizes: cfg.queue_sizes,
+            generations: vec![0; nq],
+            slots: SlotTable::new(nslots),
+            staged: Vec::with_capacity(nslots),
+            shapes: Vec::with_capacity(nslots),
+            runs: Vec::with_capacity(nslots),
+            mem: None,
+            pending_mem: None,
+            scratch: Scratch::with_capacity(cfg.limits.max_descriptors),
+            segs: Vec::with_capacity(cfg.limits.max_descriptors),
+            limits: cfg.limits,
+            serial: cfg.serial,
+            writeback: true,
+            shutdown: false,
+            log: RateLimit::new(),
+            batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
+            poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
+            tuning: cfg.tuning,
+        };
+        t.arm_control();
+        if let Some(fd) = t.channel.completion_fd() {
+            t.ring.push_poll(fd, Token::EngineEvents, &mut t.counters);
+        }
+        Ok(t)
+    }
+
+    /// The loop: reap, gather and start, finish stops, notify; then poll or sleep.
+    pub(super) fn run(&mut self) {
+        loop {
+            self.reap();
+            self.gather();
+            self.start_staged();
+            self.finish_stops();
+            self.notify();
+            self.shared.publish(&self.counters);
+            if self.shutdown && self.queues.iter().all(Option::is_none) && self.slots.in_use() == 0
+            {
+                break;
+            }
+            // Poll while it pays: guest notifications stay suppressed, and completions are
+            // reaped from the completion ring without a syscall. What is queued goes out first.
+            if self.poll.window_ns() > 0 {
+                self.ring.submit(&mut self.counters);
+                if self.poll_for_work() {
+                    continue;
+                }
+            }
+            // Going to sleep: ask the guest for notifications again, and look once more so a
+            // request that raced with that is not left waiting for a kick that never comes.
+            if self.enable_notifications() {
+                self.ring.submit(&mut self.counters);
+                continue;
+            }
+            let slept = Instant::now();
+            if let Err(e) = self.ring.submit_and_wait(&mut self.counters) {
+                tracing::error!(err = %e, "io_uring_enter failed; I/O thread stops");
+                break;
+            }
+            self.counters.sleeps += 1;
+            self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
+        }
+        self.shared.publish(&self.counters);
+    }
+
+    /// Reads the wake eventfd through the ring: its completion means commands wait.
+    pub(super) fn arm_control(&mut self) {
+        let buf: *mut u64 = &mut *self.wake_buf;
+        // SAFETY: `wake_buf` is boxed (a stable address) and lives, like the wake eventfd, as
+        // long as the thread and its ring.
+        unsafe {
+            self.ring.push_read_u64(
+                self.wake.as_raw_fd(),
+                buf,
+                Token::Control,
+                &mut self.counters,
+            )
+        };
+    }
+
+    /// Handles every completion waiting on the ring.
+    fn reap(&mut self) {
+        while let Some(c) = self.ring.next_completion() {
+            match c.token {
+                Token::Io(slot) => self.complete_io(slot, c.result),
+                Token::Kick { local, generation } => self.on_kick(local as usize, generation, &c),
+                Token::Control => {
+                    self.handle_commands();
+                    self.arm_control();
+                }
+                Token::EngineEvents => {
+                    let mut done = std::mem::take(&mut self.engine_done);
+                    self.channel.reap(&mut |token, res| done.push((token, res)));
+                    for &(token, res) in &done {
+                        self.complete_io(token as SlotId, res);
+                    }
+                    done.clear();
+                    self.engine_done = done;
+                    if c.multishot_ended() {
+                        if let Some(fd) = self.channel.completion_fd() {
+                            self.ring
+                                .push_poll(fd, Token::EngineEvents, &mut self.counters);
+                        }
+                    }
+                }
+                Token::Ignore => {}
+            }
+        }
+    }
+
+    fn on_kick(&mut self, local: usize, generation: u16, c: &super::ring::Completion) {
+        let Some(Some(q)) = self.queues.get_mut(local) else {
+            return;
+        };
+        // A poll of an earlier start of this queue, or of a queue being stopped.
+        if q.generation != generation || q.stop_reply.is_some() {
+            return;
+        }
+        if c.result < 0 && c.result != -libc::ECANCELED {
+            tracing::warn!(queue = q.index, err = %std::io::Error::from_raw_os_error(-c.result), "kick eventfd poll failed");
+        }
+        q.pending = true;
+        self.counters.kicks += 1;
+        if c.multishot_ended() {
+            // The multishot poll ended (e.g. completion ring overflow): re-arm.
+            let fd = q.kick_fd();
+            let token = Token::Kick {
+                local: local as u16,
+                generation,
+            };
+            self.ring.push_poll(fd, token, &mut self.counters);
+        }
+    }
+
+    /// Busy-polls the avail rings and the completion ring for up to the poll window.
+    /// Returns true when it found work.
+    fn poll_for_work(&mut self) -> bool {
+        let window = self.poll.window_ns();
+        if window == 0 || self.pending_mem.is_some() || self.shutdown {
+            return false;
+        }
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            self.ring.run_task_work(&mut self.counters);
+            if self.ring.has_completions() || self.any_avail() {
+                self.counters.poll_hits += 1;
+                self.poll.on_poll_hit(start.elapsed().as_nanos() as u64);
+                return true;
+            }
+            spins += 1;
+            if spins.is_multiple_of(16) && start.elapsed().as_nanos() as u64 >= window {
+                self.counters.poll_misses += 1;
+                self.poll.on_poll_miss();
+                return false;
+            }
+            if spins.is_multiple_of(YIELD_SPINS) {
+                // Let a runnable thread on this CPU (often the very client this poll waits
+                // for) go first; with nobody waiting this returns at once and polling goes on.
+                std::thread::yield_now();
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Whether any serving queue has avail entries not yet popped.
+    pub(super) fn any_avail(&mut self) -> bool {
+        let Some(mem) = self.mem.as_deref() else {
+            return false;
+        };
+        let mut found = false;
+        for q in self.queues.iter_mut().flatten() {
+            found |= q.has_avail(mem);
+        }
+        found
+    }
+
+    /// Re-enables guest notifications on every serving queue; true if work arrived meanwhile.
+    fn enable_notifications(&mut self) -> bool {
+        let Some(mem) = self.mem.as_deref() else {
+            return false;
+        };
+        let mut found = false;
+        for q in self.queues.iter_mut().flatten().filter(|q| q.is_serving()) {
+            match q.enable_notifications(mem) {
+                Ok(f) => found |= f,
+                Err(e) => {
+                    q.broken = true;
+                    if let Some(d) = self.log.allow() {
+                        tracing::error!(
+                            queue = q.index,
+                            err = e,
+                            dropped_logs = d,
+                            "guest broke the ring; queue stopped until reset"
+                        );
+                    }
+                }
+            }
+        }
+        found
+    }
+
+    /// Sends the guest the notifications its queues want for their new used entries.
+    pub(super) fn notify(&mut self) {
+        let Some(mem) = self.mem.as_deref() else {
+            return;
+        };
+        for q in self.queues.iter_mut().flatten() {
+            if q.take_notification(mem) {
+                if let Some(call) = q.call.as_ref() {
+                    self.ring.push_notify(call, &mut self.counters);
+                }
+            }
+        }
+    }
+}

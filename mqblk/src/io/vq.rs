@@ -1,0 +1,307 @@
+//! A virtqueue as its I/O thread serves it: popping the avail ring, publishing used entries,
+//! and deciding (with EVENT_IDX) when the guest wants a notification.
+//!
+//! The guest is untrusted here: an avail index that runs more than the queue size ahead, a
+//! ring that cannot be read or written, marks the queue broken, and nothing more is taken from
+//! it until the frontend restarts it. Other queues are not affected.
+
+use std::fs::File;
+use std::num::Wrapping;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
+
+use virtio_queue::{DescriptorChain, Queue, QueueT};
+
+use super::GuestMemory;
+use crate::frontend::inflight::InflightQueue;
+
+/// What popping a queue found.
+pub enum Pop<'m> {
+    /// A request's descriptor chain.
+    Chain(DescriptorChain<&'m GuestMemory>),
+    /// Nothing new in the avail ring.
+    Empty,
+    /// As many requests in flight as the queue holds: wait for completions.
+    Full,
+    /// The guest broke the ring (logged by the caller).
+    Broken(&'static str),
+}
+
+/// A started virtqueue.
+pub struct Vq {
+    /// The queue's index in the device (for logs).
+    pub index: usize,
+    /// Ring addresses, indices and EVENT_IDX state.
+    pub queue: Queue,
+    /// Guest-to-backend notifications.
+    pub kick: File,
+    /// Backend-to-guest notifications.
+    pub call: Option<File>,
+    /// Which start of this queue this is (see `Token::Kick`).
+    pub generation: u16,
+    /// Requests popped and not yet completed.
+    pub in_flight: u32,
+    /// Used entries were added since the last notification decision.
+    pub used_added: bool,
+    /// Avail entries may be waiting (kicked, throttled, or just started).
+    pub pending: bool,
+    /// The guest broke the ring; nothing more is popped until the queue is restarted.
+    pub broken: bool,
+    /// Stopping: set when the frontend stopped the ring; the reply gets the next avail index
+    /// once every popped request has completed.
+    pub stop_reply: Option<SyncSender<u16>>,
+    /// In-flight tracking for this queue (INFLIGHT_SHMFD), if the frontend set it up.
+    pub track: Option<InflightQueue>,
+    /// Avail entries still to pop from the last snapshot of the avail index.
+    snapshot: u16,
+}
+
+impl Vq {
+    /// A queue just started, with requests possibly already waiting.
+    pub fn new(
+        index: usize,
+        queue: Queue,
+        kick: File,
+        call: Option<File>,
+        generation: u16,
+        track: Option<InflightQueue>,
+    ) -> Self {
+        Vq {
+            index,
+            queue,
+            kick,
+            call,
+            generation,
+            in_flight: 0,
+            used_added: false,
+            pending: true,
+            broken: false,
+            stop_reply: None,
+            track,
+            snapshot: 0,
+        }
+    }
+
+    /// Whether the thread takes requests from this queue.
+    pub fn is_serving(&self) -> bool {
+        !self.broken && self.stop_reply.is_none()
+    }
+
+    /// The kick eventfd.
+    pub fn kick_fd(&self) -> i32 {
+        self.kick.as_raw_fd()
+    }
+
+    /// Starts a round of popping: suppresses guest notifications (they come back when the
+    /// thread is about to sleep) and snapshots the avail index. Popping exactly what a
+    /// snapshot shows, and checking it against the queue size, tells a guest that moved the
+    /// index too far ahead (broken) from one that is adding a request right now (fine).
+    pub fn begin_pop(&mut self, mem: &GuestMemory) -> Result<(), &'static str> {
+        self.pending = false;
+        self.queue
+            .disable_notification(mem)
+            .map_err(|_| "used ring unwritable")?;
+        self.take_snapshot(mem)
+    }
+
+    fn take_snapshot(&mut self, mem: &GuestMemory) -> Result<(), &'static str> {
+        let idx = self
+            .queue
+            .avail_idx(mem, Ordering::Acquire)
+            .map_err(|_| "avail ring unreadable")?;
+        let ahead = (idx - Wrapping(self.queue.next_avail())).0;
+        if ahead > self.queue.size() {
+            return Err("avail index more than the queue size ahead");
+        }
+        self.snapshot = ahead;
+        Ok(())
+    }
+
+    /// The next request, bounded by `max_in_flight`. After a snapshot is used up, a new one is
+    /// taken, so requests the guest adds meanwhile are picked up in the same round.
+    pub fn pop<'m>(&mut self, mem: &'m GuestMemory, max_in_flight: u32) -> Pop<'m> {
+        if self.snapshot == 0 {
+            if let Err(e) = self.take_snapshot(mem) {
+                return Pop::Broken(e);
+            }
+            if self.snapshot == 0 {
+                return Pop::Empty;
+            }
+        }
+        if self.in_flight >= max_in_flight {
+            // Resumes when a completion frees room.
+            self.pending = true;
+            return Pop::Full;
+        }
+        let Some(chain) = self.queue.pop_descriptor_chain(mem) else {
+            return Pop::Broken("avail ring unreadable");
+        };
+        self.snapshot -= 1;
+        self.in_flight += 1;
+        if let Some(t) = self.track.as_mut() {
+            t.on_fetch(chain.head_index());
+        }
+        Pop::Chain(chain)
+    }
+
+    /// Whether the avail ring holds requests not yet popped (one read of guest memory).
+    pub fn has_avail(&mut self, mem: &GuestMemory) -> bool {
+        if !self.is_serving() {
+            return false;
+        }
+        let found = matches!(self.queue.avail_idx(mem, Ordering::Acquire),
+            Ok(idx) if idx.0 != self.queue.next_avail());
+        self.pending |= found;
+        found
+    }
+
+    /// Asks the guest for notifications again before the thread sleeps; true when requests
+    /// arrived meanwhile (so the thread must not sleep).
+    pub fn enable_notifications(&mut self, mem: &GuestMemory) -> Result<bool, &'static str> {
+        let found = self
+            .queue
+            .enable_notification(mem)
+            .map_err(|_| "avail ring unreadable")?;
+        self.pending |= found;
+        Ok(found)
+    }
+
+    /// Publishes a used entry for `head`, keeping the in-flight region in step. A request that
+    /// completes on a queue held at its in-flight limit lets popping resume.
+    pub fn add_used(
+        &mut self,
+        mem: &GuestMemory,
+        head: u16,
+        len: u32,
+        max_in_flight: u32,
+    ) -> Result<(), virtio_queue::Error> {
+        if self.in_flight == max_in_flight && !self.broken {
+            self.pending = true;
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(t) = self.track.as_ref() {
+            t.before_used(head);
+        }
+        let r = self.queue.add_used(mem, head, len);
+        if let Some(t) = self.track.as_ref() {
+            t.after_used(head, self.queue.next_used());
+        }
+        self.used_added = true;
+        r
+    }
+
+    /// Whether the guest wants a notification for the used entries added since the last
+    /// decision (EVENT_IDX's used_event, or the NO_INTERRUPT flag without it). A ring that
+    /// cannot be read gets one: a spurious interrupt is harmless, a lost one hangs the guest.
+    pub fn take_notification(&mut self, mem: &GuestMemory) -> bool {
+        if !std::mem::take(&mut self.used_added) {
+            return false;
+        }
+        self.call.is_some() && self.queue.needs_notification(mem).unwrap_or(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Address, GuestAddress};
+
+    fn eventfd() -> File {
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor, owned by the File alone.
+        unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+    }
+
+    fn setup(mem: &GuestMemory, event_idx: bool) -> (MockSplitQueue<'_, GuestMemory>, Vq) {
+        let mock = MockSplitQueue::new(mem, 16);
+        let mut q: Queue = mock.create_queue().unwrap();
+        // The mock places the used ring over the avail ring's tail (where used_event lives):
+        // move it clear.
+        q.set_used_ring_address(Some(0x8000), Some(0));
+        q.set_event_idx(event_idx);
+        (mock, Vq::new(0, q, eventfd(), Some(eventfd()), 1, None))
+    }
+
+    fn chains(mock: &MockSplitQueue<'_, GuestMemory>, n: u16) {
+        let descs: Vec<RawDescriptor> = (0..n)
+            .map(|i| {
+                RawDescriptor::from(Descriptor::new(
+                    0x10_000 + u64::from(i) * 0x1000,
+                    0x200,
+                    0,
+                    0,
+                ))
+            })
+            .collect();
+        mock.build_multiple_desc_chains(&descs).unwrap();
+    }
+
+    #[test]
+    fn pops_up_to_the_in_flight_limit_and_resumes() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+        let (mock, mut vq) = setup(&mem, false);
+        chains(&mock, 3);
+        vq.begin_pop(&mem).unwrap();
+        let mut heads = Vec::new();
+        loop {
+            match vq.pop(&mem, 2) {
+                Pop::Chain(c) => heads.push(c.head_index()),
+                Pop::Full => break,
+                _ => panic!("expected two chains, then full"),
+            }
+        }
+        assert_eq!(heads.len(), 2);
+        assert!(vq.pending, "held at the limit: pops again later");
+        vq.pending = false;
+        vq.add_used(&mem, heads[0], 0, 2).unwrap();
+        assert!(vq.pending, "a completion at the limit lets popping resume");
+        assert!(matches!(vq.pop(&mem, 2), Pop::Chain(_)));
+        assert!(matches!(vq.pop(&mem, 2), Pop::Empty | Pop::Full));
+    }
+
+    #[test]
+    fn an_index_too_far_ahead_breaks_the_queue() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+        let (mock, mut vq) = setup(&mem, false);
+        mock.avail().idx().store(17);
+        assert!(vq.begin_pop(&mem).is_err());
+        mock.avail().idx().store(16);
+        assert!(vq.begin_pop(&mem).is_ok());
+    }
+
+    #[test]
+    fn notifications_follow_event_idx() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+        let (mock, mut vq) = setup(&mem, true);
+        chains(&mock, 4);
+        vq.begin_pop(&mem).unwrap();
+        let mut heads = Vec::new();
+        while let Pop::Chain(c) = vq.pop(&mem, 16) {
+            heads.push(c.head_index());
+        }
+        assert_eq!(heads.len(), 4);
+        assert!(!vq.take_notification(&mem), "nothing used yet");
+        // The guest asks to be told once the used index passes 1: used_event, the u16 after
+        // the avail ring's 16 entries, is 1.
+        let used_event = mock.avail_addr().unchecked_add(4 + 2 * 16);
+        vm_memory::Bytes::write_obj(&mem, 1u16, used_event).unwrap();
+        vq.add_used(&mem, heads[0], 0, 16).unwrap();
+        assert!(
+            !vq.take_notification(&mem),
+            "used idx 1 does not pass used_event 1"
+        );
+        vq.add_used(&mem, heads[1], 0, 16).unwrap();
+        assert!(vq.take_notification(&mem), "used idx 2 passes used_event 1");
+        vq.add_used(&mem, heads[2], 0, 16).unwrap();
+        assert!(
+            !vq.take_notification(&mem),
+            "already told; used_event not moved"
+        );
+        assert!(!vq.take_notification(&mem), "no new used entry");
+    }
+}
