@@ -23,3 +23,42 @@ pub mod daemon;
 pub mod engine;
 pub mod frontend;
 pub mod io;
+
+#[cfg(test)]
+mod layering {
+    /// The layers, lowest first: a module may use only the layers listed before it.
+    const LAYERS: &[&str] = &["config", "blk", "engine", "io", "frontend", "daemon"];
+
+    fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    #[test]
+    fn no_module_uses_a_layer_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for (rank, layer) in LAYERS.iter().enumerate() {
+            let mut files = Vec::new();
+            let dir = src.join(layer);
+            if dir.is_dir() {
+                sources(&dir, &mut files);
+            }
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap();
+                for above in &LAYERS[rank + 1..] {
+                    assert!(
+                        !text.contains(&format!("crate::{above}")),
+                        "{} ({layer}) uses crate::{above}, a layer above it",
+                        f.display()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -5,13 +5,12 @@
 //!   connections;
 //! - [`session`]: one connection, the vhost-user request handler;
 //! - [`memory`]: the shared guest memory table; [`vring`]: a vring being set up;
-//! - [`features`]: what is offered; [`inflight`]: the in-flight region that survives a crash;
+//! - [`features`]: what is offered;
 //! - [`error`]: why a message is refused.
 
 pub mod device;
 pub mod error;
 pub mod features;
-pub mod inflight;
 pub mod memory;
 pub mod session;
 pub mod vring;

@@ -26,10 +26,10 @@ use vm_memory::ByteValued;
 use super::device::Device;
 use super::error::{Error, Result};
 use super::features::{self, device_features, protocol_features};
-use super::inflight::InflightRegion;
 use super::memory::{MemoryTable, MAX_MEM_SLOTS};
 use super::vring::VringSetup;
 use crate::blk::{CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
+use crate::io::inflight::InflightRegion;
 use crate::io::{Command, GuestMemory};
 
 /// One frontend connection's state.

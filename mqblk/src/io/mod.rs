@@ -13,7 +13,8 @@
 //!
 //! The files, one stage each: [`thread`] (the loop only), [`ring`] (io_uring setup, tokens,
 //! accounting, registration), [`vq`] (popping, used entries, notification decisions),
-//! [`slots`] (the slot table and iovec mapping), `submit` (staging, merging, starting I/O),
+//! [`slots`] (the slot table and iovec mapping), [`inflight`] (the in-flight region a
+//! restarted backend resubmits from), `submit` (staging, merging, starting I/O),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
 //! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging).
 //!
@@ -21,6 +22,7 @@
 
 mod complete;
 mod control;
+pub mod inflight;
 pub mod policy;
 mod rate_limit;
 pub mod ring;
@@ -43,7 +45,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::blk::Limits;
 use crate::config::Tuning;
 use crate::engine::Engine;
-use crate::frontend::inflight::InflightQueue;
+use inflight::InflightQueue;
 
 pub use complete::status_of;
 pub use slots::IOV_MAX;

@@ -13,8 +13,8 @@ use std::sync::mpsc::SyncSender;
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
+use super::inflight::InflightQueue;
 use super::GuestMemory;
-use crate::frontend::inflight::InflightQueue;
 
 /// What popping a queue found.
 pub enum Pop<'m> {
