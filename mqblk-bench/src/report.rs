@@ -197,6 +197,13 @@ pub struct Ratio {
     /// IOPS / native fio's IOPS within each repeat (the two ran next to each other in time,
     /// so slow drift of the machine cancels out): median and min–max over repeats.
     pub iops_vs_native_paired: Option<Stat>,
+    /// With several `--mqblk-opts` variants: the first variant's point of the same mapping,
+    /// which the next two fields compare against (an A/B of settings or of builds).
+    pub first_variant: Option<String>,
+    /// IOPS / the first variant's IOPS within each repeat: median and min–max over repeats.
+    pub iops_vs_first_variant: Option<Stat>,
+    /// Backend CPU per I/O / the first variant's, within each repeat.
+    pub cpu_vs_first_variant: Option<Stat>,
 }
 
 /// Machine facts recorded with the results.
@@ -420,6 +427,33 @@ impl BenchResults {
                 );
             }
         }
+        let ab: Vec<&Ratio> = self
+            .ratios
+            .iter()
+            .filter(|r| r.first_variant.is_some())
+            .collect();
+        if !ab.is_empty() {
+            let _ = writeln!(
+                s,
+                "variants against the first --mqblk-opts (paired per repeat: median, min-max)"
+            );
+            for r in ab {
+                let st = |x: Option<Stat>| {
+                    x.map(|p| format!("{:.3}x ({:.3}-{:.3})", p.median, p.min, p.max))
+                        .unwrap_or_else(|| "-".into())
+                };
+                let _ = writeln!(
+                    s,
+                    "  {:<12} qd {:<3} jobs {:<2} {:<34} IOPS {}  CPU per I/O {}",
+                    r.workload,
+                    r.iodepth,
+                    r.jobs,
+                    r.label,
+                    st(r.iops_vs_first_variant),
+                    st(r.cpu_vs_first_variant)
+                );
+            }
+        }
         s
     }
 
@@ -564,6 +598,43 @@ impl BenchResults {
             }
             let _ = writeln!(s);
         }
+        let ab: Vec<&Ratio> = self
+            .ratios
+            .iter()
+            .filter(|r| r.first_variant.is_some())
+            .collect();
+        if !ab.is_empty() {
+            let _ = writeln!(s, "## Variants against the first `--mqblk-opts`\n");
+            let _ = writeln!(
+                s,
+                "Each repeat's ratio to the first variant's point of the same mapping (they ran \
+                 next to each other), median and min–max over repeats: the min–max is the run's \
+                 own noise.\n"
+            );
+            let _ = writeln!(
+                s,
+                "| workload | iodepth | jobs | series | against | IOPS | backend CPU per I/O |"
+            );
+            let _ = writeln!(s, "|---|---:|---:|---|---|---:|---:|");
+            for r in ab {
+                let st = |x: Option<Stat>| {
+                    x.map(|p| format!("{:.3}x ({:.3}–{:.3})", p.median, p.min, p.max))
+                        .unwrap_or_else(|| "–".into())
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    r.workload,
+                    r.iodepth,
+                    r.jobs,
+                    r.label,
+                    r.first_variant.as_deref().unwrap_or(""),
+                    st(r.iops_vs_first_variant),
+                    st(r.cpu_vs_first_variant)
+                );
+            }
+            let _ = writeln!(s);
+        }
         let _ = writeln!(
             s,
             "## Plot\n\n![IOPS against jobs](iops.png)\n\n`iops.png`: one panel per workload and \
@@ -588,13 +659,20 @@ impl BenchResults {
 /// group (same workload, iodepth and jobs). Reference points themselves are left out.
 /// Per-repeat ratios of `a`'s IOPS to `b`'s, over the repeats where both succeeded.
 fn paired(a: &[Sample], b: &[Sample]) -> Option<Stat> {
+    paired_by(a, b, |s| Some(s.iops))
+}
+
+/// Per-repeat ratios of `metric` of `a` to that of `b`, over the repeats where both succeeded
+/// and have it.
+fn paired_by(a: &[Sample], b: &[Sample], metric: impl Fn(&Sample) -> Option<f64>) -> Option<Stat> {
     let ok = |s: &&Sample| s.error.is_none() && s.iops > 0.0;
     let v: Vec<f64> = a
         .iter()
         .filter(ok)
         .filter_map(|x| {
             let y = b.iter().filter(ok).find(|y| y.repeat == x.repeat)?;
-            Some(x.iops / y.iops)
+            let (mx, my) = (metric(x)?, metric(y)?);
+            (my > 0.0).then(|| mx / my)
         })
         .collect();
     Stat::of(&v)
@@ -625,6 +703,12 @@ fn ratios(points: &[PointResult]) -> Vec<Ratio> {
             .iter()
             .filter(same)
             .find(|q| q.config.backend == Backend::Native);
+        let first_variant = points.iter().filter(same).find(|q| {
+            q.config.backend == Backend::Mqblk
+                && q.config.mode == p.config.mode
+                && q.config.variant == 0
+                && p.config.variant > 0
+        });
         let div = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => Some(a / b),
             _ => None,
@@ -644,6 +728,10 @@ fn ratios(points: &[PointResult]) -> Vec<Ratio> {
             }),
             iops_vs_native: native.and_then(|q| div(med(&p.summary.iops), med(&q.summary.iops))),
             iops_vs_native_paired: native.and_then(|q| paired(&p.samples, &q.samples)),
+            first_variant: first_variant.map(|q| q.label.clone()),
+            iops_vs_first_variant: first_variant.and_then(|q| paired(&p.samples, &q.samples)),
+            cpu_vs_first_variant: first_variant
+                .and_then(|q| paired_by(&p.samples, &q.samples, |s| s.backend_cpu_s_per_mio)),
         });
     }
     out
@@ -676,6 +764,54 @@ mod tests {
         let p = paired(&a, &b).unwrap();
         assert_eq!((p.median, p.min, p.max), (1.25, 0.5, 2.0));
         assert!(paired(&a[2..], &b).is_none());
+    }
+
+    #[test]
+    fn variants_compare_with_the_first_per_repeat() {
+        use crate::{BenchArgs, BenchOptions};
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: BenchArgs,
+        }
+        let a = Cli::try_parse_from([
+            "b",
+            "--mode",
+            "per-queue",
+            "--jobs",
+            "1",
+            "--mqblk-opts",
+            "",
+            "--mqblk-opts",
+            "poll=off",
+        ])
+        .unwrap()
+        .a;
+        let o = BenchOptions::from_args(&a).unwrap();
+        let pts = o.points();
+        assert_eq!(pts.len(), 2);
+        let at = |repeat: usize, iops: f64, cpu: f64| Sample {
+            repeat,
+            ..sample(iops, cpu)
+        };
+        let samples = vec![
+            vec![at(0, 100.0, 2.0), at(1, 200.0, 2.0)],
+            vec![at(0, 110.0, 1.0), at(1, 180.0, 3.0)],
+        ];
+        let r = BenchResults::new(&o, "b", HostInfo::collect(), 1 << 30, &pts, samples);
+        assert!(
+            r.ratios[0].first_variant.is_none(),
+            "the first variant is the reference"
+        );
+        let v = &r.ratios[1];
+        assert_eq!(v.first_variant.as_deref(), Some(r.points[0].label.as_str()));
+        let iops = v.iops_vs_first_variant.unwrap();
+        assert_eq!((iops.min, iops.max), (0.9, 1.1));
+        let cpu = v.cpu_vs_first_variant.unwrap();
+        assert_eq!((cpu.min, cpu.max), (0.5, 1.5));
+        assert!(r.markdown().contains("Variants against the first"));
+        assert!(r.table().contains("variants against the first"));
     }
 
     #[test]
