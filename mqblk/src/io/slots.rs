@@ -7,7 +7,7 @@
 //! descriptor a thread's queues can hold, so a slot is always free for a popped request, and
 //! nothing is allocated per request once the iovec vectors have grown.
 
-use vm_memory::GuestMemoryBackend;
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
 use super::GuestMemory;
 use crate::blk::{Kind, Segment};
@@ -176,16 +176,43 @@ impl Iterator for Members<'_> {
 /// Maps a request's data segments to host iovecs into `out` (cleared first), splitting a
 /// segment where it crosses from one guest memory region to the next. False when a segment
 /// lies outside guest memory or the request needs more than [`IOV_MAX`] iovecs.
+///
+/// This runs for every request: it looks a region up once per region crossed (the region of
+/// the previous segment is tried first) instead of going through vm-memory's generic slice
+/// iterator, which cost a third of an I/O thread's time on the null engine.
 pub fn map_segments(mem: &GuestMemory, segs: &[Segment], out: &mut Vec<libc::iovec>) -> bool {
     out.clear();
+    let mut last: Option<&GuestRegionMmap<()>> = None;
     for s in segs {
-        for slice in GuestMemoryBackend::get_slices(mem, s.addr, s.len as usize) {
-            match slice {
-                Ok(vs) if out.len() < IOV_MAX => out.push(libc::iovec {
-                    iov_base: vs.ptr_guard_mut().as_ptr().cast(),
-                    iov_len: vs.len(),
-                }),
-                _ => return false,
+        let mut addr = s.addr;
+        let mut left = u64::from(s.len);
+        while left > 0 {
+            let (region, offset) = match last.and_then(|r| Some((r, r.to_region_addr(addr)?))) {
+                Some(hit) => hit,
+                None => match mem.to_region_addr(addr) {
+                    Some(hit) => hit,
+                    None => return false,
+                },
+            };
+            last = Some(region);
+            // `offset` is inside the region, so this is at least 1.
+            let n = left.min(region.len() - offset.raw_value());
+            let Ok(host) = region.get_host_address(offset) else {
+                return false;
+            };
+            if out.len() == IOV_MAX {
+                return false;
+            }
+            out.push(libc::iovec {
+                iov_base: host.cast(),
+                iov_len: n as usize,
+            });
+            left -= n;
+            match addr.checked_add(n) {
+                Some(next) => addr = next,
+                // The segment ends exactly at the top of the address space.
+                None if left == 0 => {}
+                None => return false,
             }
         }
     }
