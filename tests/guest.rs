@@ -41,9 +41,8 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Prefix of the guest's report lines on its console.
 const MARK: &str = "MQBLK-GUEST: ";
-#[path = "support/proc.rs"]
-mod proc;
-use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
+mod support;
+use support::proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static and the guest kernel";

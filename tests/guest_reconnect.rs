@@ -127,9 +127,8 @@ const KERNEL_TROUBLE: &[&str] = &[
     "BUG:",
     "Oops",
 ];
-#[path = "support/proc.rs"]
-mod proc;
-use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
+mod support;
+use support::proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
 
 const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
     busybox-static, fio and the guest kernel";

@@ -11,7 +11,7 @@
 //! Each bad input must get its exact answer, and the queue (or, for protocol errors, the next
 //! connection) must keep working; a second export in the same daemon is driven by a libblkio
 //! client for the whole test and must see no error.
-mod common;
+mod support;
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::*;
 use mqblk_client::{check_pattern, fill_pattern, Client, ConnectOptions};
+use support::daemon::*;
 use vmm_sys_util::eventfd::EventFd;
 
 // ---------------------------------------------------------------------------------------------
@@ -722,12 +722,6 @@ impl Drop for Bystander {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
 }
 
 fn assert_alive(daemon: &mut Daemon, after: &str) {

@@ -1,10 +1,10 @@
 //! Sends a write to a read-only export with virtio-driver directly (libblkio would refuse it
 //! locally), to check that the daemon itself refuses it.
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use support::daemon::*;
 use virtio_driver::{
     VhostUser, VirtioBlkFeatureFlags, VirtioBlkQueue, VirtioBlkTransport, VirtioFeatureFlags,
 };

@@ -1,12 +1,12 @@
 //! 1000 connect / tiny I/O / disconnect cycles of a libblkio client against one daemon: the
 //! daemon's open descriptors, threads and memory mappings must not grow, and its anonymous
 //! memory must stay bounded. Set MQBLK_RECONNECT_CYCLES to run another number of cycles.
-mod common;
+mod support;
 
 use std::time::Instant;
 
-use common::*;
 use mqblk_client::{fill_pattern, Client};
+use support::daemon::*;
 
 /// What /proc says about a process.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,4 @@
-#![allow(dead_code)]
-//! What the QEMU guest tests share (`tests/guest.rs` and `tests/guest_reconnect.rs`, through
-//! `#[path]`): child processes killed when dropped, tool checks, and the initramfs build.
+//! Child processes that are killed when dropped, tool checks, and the initramfs build.
 
 use std::io;
 use std::path::{Path, PathBuf};

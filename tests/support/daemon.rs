@@ -3,11 +3,8 @@
 //!
 //! Set `MQBLK_TEST_BACKEND=qsd` to run the same tests against qemu-storage-daemon instead (the
 //! reference backend; thread-mapping settings are ignored there), or `MQBLK_BIN` to run another
-//! build of mqblk. Set `MQBLK_TEST_LOG_LEVEL` to
-//! pass `--log-level` to mqblk. The daemon's output goes to `daemon.log` in the test's directory
-//! and is printed when the test fails.
-
-#![allow(dead_code)]
+//! build of mqblk. Set `MQBLK_TEST_LOG_LEVEL` to pass `--log-level` to mqblk. The daemon's
+//! output goes to `daemon.log` in the test's directory and is printed when the test fails.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -298,7 +295,7 @@ impl Export {
 }
 
 /// The daemon binary: this package's `mqblk`, or `MQBLK_BIN` if set.
-fn mqblk_bin() -> PathBuf {
+pub fn mqblk_bin() -> PathBuf {
     std::env::var_os("MQBLK_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mqblk")))
@@ -477,6 +474,13 @@ impl Drop for Daemon {
             );
         }
     }
+}
+
+/// How many file descriptors process `pid` has open (0 if it cannot be read).
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).

@@ -1,0 +1,10 @@
+//! What the integration tests share. Each test file is its own crate and pulls this folder in
+//! with `mod support;`; a test uses only part of it, hence `dead_code` is allowed here.
+//!
+//! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
+//!   with its `--export` specs.
+//! - [`proc`]: child processes that are killed when dropped, and tool checks.
+#![allow(dead_code)]
+
+pub mod daemon;
+pub mod proc;
