@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use mqblk_client::{check_pattern, fill_pattern, Client, ConnectOptions};
 use support::daemon::*;
+use support::rng::XorShift;
 use vmm_sys_util::eventfd::EventFd;
 
 // ---------------------------------------------------------------------------------------------
@@ -1987,24 +1988,6 @@ fn forged_inflight_region_is_survived() {
 // Random hostile chains against the live daemon
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64*: a small deterministic generator, so a failure names a seed that reproduces it.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
-
 /// Where random device-writable buffers may point: the daemon may write only there (and to the
 /// used ring), so everything else in guest memory must keep its canary.
 const SCRATCH_GPA: u64 = 0x8_0000;
@@ -2020,7 +2003,7 @@ const TABLES_GPA: u64 = 0x4_0000;
 /// Random descriptors for one chain (or indirect table) whose entries sit at `first..`.
 /// Device-writable buffers lie in the scratch area, the last page of memory (running off its
 /// end), the hole, or past 2^64 - 256; readable ones anywhere. `depth` > 0 makes a table.
-fn random_descs(rng: &mut Rng, s: &mut Session, c: u16, first: u16, depth: u32) -> Vec<D> {
+fn random_descs(rng: &mut XorShift, s: &mut Session, c: u16, first: u16, depth: u32) -> Vec<D> {
     let n = 1 + rng.below(6) as u16;
     // A header: mostly a real type with a sector near or past the capacity.
     let hdr_at = HDRS_GPA + 32 * rng.below(HDRS_LEN / 32);
@@ -2121,7 +2104,7 @@ fn random_descs(rng: &mut Rng, s: &mut Session, c: u16, first: u16, depth: u32) 
 }
 
 /// Writes a random chain at table slots `first..` (chain slot `c`).
-fn random_chain(rng: &mut Rng, s: &mut Session, c: u16) {
+fn random_chain(rng: &mut XorShift, s: &mut Session, c: u16) {
     let first = 8 * c;
     let ds = random_descs(rng, s, c, first, 0);
     s.write_descs(0, first, &ds);
@@ -2129,18 +2112,12 @@ fn random_chain(rng: &mut Rng, s: &mut Session, c: u16) {
 
 #[test]
 fn random_hostile_chains_never_hurt_the_daemon() {
-    let seed: u64 = std::env::var("MQBLK_HOSTILE_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x6d71_626c_6b21);
-    let batches: usize = std::env::var("MQBLK_HOSTILE_BATCHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let seed: u64 = env_or("MQBLK_HOSTILE_SEED", 0x6d71_626c_6b21);
+    let batches: usize = env_or("MQBLK_HOSTILE_BATCHES", 1000);
     let dir = TestDir::new();
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = XorShift::new(seed);
     let mut s = Session::open(&sock, 64, None);
     let (mut answered, mut dropped, mut statuses) = (0u64, 0u64, [0u64; 256]);
     for b in 0..batches {
@@ -2279,14 +2256,9 @@ fn set_config_writeback(conn: &Conn, on: bool) {
     conn.set(SET_CONFIG, &body, &[]).expect("SET_CONFIG");
 }
 
-/// The export's count of write-through writes, from `--stats-file` (rewritten every 100 ms).
+/// The export's count of write-through writes.
 fn sync_writes(stats: &Path) -> u64 {
-    std::thread::sleep(Duration::from_millis(300));
-    let text = std::fs::read_to_string(stats).expect("stats file");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-    v["exports"][0]["sync_writes"]
-        .as_u64()
-        .expect("sync_writes")
+    stats_sync_writes(stats).unwrap()
 }
 
 #[test]

@@ -74,11 +74,7 @@ fn cycle(sock: &std::path::Path, i: u64) -> u32 {
 
 #[test]
 fn reconnect_loop_leaks_no_descriptors_or_memory() {
-    let cycles: u64 = std::env::var("MQBLK_RECONNECT_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
-        .max(200);
+    let cycles: u64 = env_or("MQBLK_RECONNECT_CYCLES", 1000).max(200);
     let warmup = 100;
     let dir = TestDir::new();
     let img = dir.image("disk.img", 4 * MIB, None);

@@ -24,10 +24,7 @@ fn rss_anon_kib(pid: u32) -> u64 {
 
 #[test]
 fn soak_mixed_workload_with_concurrent_reconnects() {
-    let secs: u64 = std::env::var("MQBLK_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+    let secs: u64 = env_or("MQBLK_SOAK_SECS", 12);
     let dir = TestDir::new();
     let exports: Vec<Export> = (0..2)
         .map(|i| {

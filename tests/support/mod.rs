@@ -4,7 +4,11 @@
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
+//! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
+//! - [`rng`]: a seeded generator for randomized tests.
 #![allow(dead_code)]
 
 pub mod daemon;
 pub mod proc;
+pub mod qemu;
+pub mod rng;
