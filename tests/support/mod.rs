@@ -5,10 +5,13 @@
 //!   with its `--export` specs.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
+//! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
+//!   and rings.
 //! - [`rng`]: a seeded generator for randomized tests.
 #![allow(dead_code)]
 
 pub mod daemon;
+pub mod frontend;
 pub mod proc;
 pub mod qemu;
 pub mod rng;
