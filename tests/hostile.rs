@@ -1,11 +1,11 @@
 //! A hostile frontend against the real daemon.
 //!
-//! The frontend (tests/support/frontend.rs) speaks vhost-user itself, byte by byte over the unix
-//! socket, so that it can send what no well-behaved library would: garbage, out-of-range
-//! indices, sizes and addresses. It writes the descriptor table, avail ring and requests by hand
-//! into guest memory that is filled with a canary and shadowed, so after every request the test
-//! checks that the daemon wrote exactly what it should (the status byte, the read data, the used
-//! ring) and nothing else.
+//! The frontend (tests/support/frontend.rs) sets the device up with the vhost crate's Frontend
+//! and sends what no well-behaved library would (garbage, out-of-range indices, sizes and
+//! addresses) as raw bytes on the same socket. It writes the descriptor table, avail ring and
+//! requests by hand into guest memory that is filled with a canary and shadowed, so after every
+//! request the test checks that the daemon wrote exactly what it should (the status byte, the
+//! read data, the used ring) and nothing else.
 //!
 //! Each bad input must get its exact answer, and the queue (or, for protocol errors, the next
 //! connection) must keep working; a second export in the same daemon is driven by a libblkio
@@ -14,7 +14,7 @@ mod support;
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,14 @@ use std::time::{Duration, Instant};
 use mqblk_client::{fill_pattern, Client, ConnectOptions};
 use support::daemon::*;
 use support::frontend::*;
+use support::mem::memfd;
 use support::rng::XorShift;
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserInflight,
+    VhostUserProtocolFeatures,
+};
+use vhost::vhost_user::VhostUserFrontend;
+use vhost::VhostBackend;
 use vmm_sys_util::eventfd::EventFd;
 
 // ---------------------------------------------------------------------------------------------
@@ -622,22 +629,30 @@ fn hostile_chains_get_exact_answers_and_the_queue_keeps_working() {
 /// One protocol-level misbehaviour: runs on a fresh connection, returns what the daemon did.
 type Misbehaviour = fn(&Path) -> String;
 
+/// Whether the daemon closes the connection soon after a bad message, in words.
+fn closed_or_open(conn: &Conn) -> &'static str {
+    if conn.closed_by_peer(Duration::from_millis(500)) {
+        "closed by the daemon"
+    } else {
+        "still open"
+    }
+}
+
 /// Reports how the connection ended after a bad message whose answer may be a NACK.
 fn outcome(conn: &Conn, r: Result<(), String>) -> String {
-    let closed = conn.closed_by_peer(Duration::from_millis(500));
-    format!(
-        "{}; connection {}",
-        match r {
-            Ok(()) => "ACK".to_string(),
-            Err(e) => e,
-        },
-        if closed {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    let r = match r {
+        Ok(()) => "ACK".to_string(),
+        Err(e) => e,
+    };
+    format!("{r}; connection {}", closed_or_open(conn))
 }
+
+// Each misbehaviour sends the message it is about as raw bytes (Conn::send and friends), also
+// where the vhost crate's Frontend could send it: the Frontend checks arguments before sending
+// (a memory table is not empty, no region has size 0, a kick comes with its fd, a vring size
+// fits in a u16, vring indices stay below what GET_QUEUE_NUM said, in-flight sizes are not 0)
+// and reads replies its own way, and it is the daemon's checks that are under test. What leads
+// up to that message is well-formed and goes through the Frontend.
 
 fn mis_garbage(p: &Path) -> String {
     let c = Conn::connect(p);
@@ -648,8 +663,8 @@ fn mis_garbage(p: &Path) -> String {
 
 fn mis_huge_size(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send_raw(&u32s(&[SET_FEATURES, HDR_VERSION, 0x7fff_ffff]), &[])
-        .unwrap();
+    let header = u32s(&[FrontendReq::SET_FEATURES as u32, HDR_VERSION, 0x7fff_ffff]);
+    c.send_raw(&header, &[]).unwrap();
     let _ = c.send_raw(&[0u8; 64], &[]);
     outcome(&c, Err("header with size 0x7fffffff sent".into()))
 }
@@ -657,15 +672,16 @@ fn mis_huge_size(p: &Path) -> String {
 fn mis_size_mismatch(p: &Path) -> String {
     // SET_FEATURES with a 4-byte body instead of 8.
     let c = Conn::connect(p);
-    let _ = c.get_u64(GET_FEATURES);
-    c.send(SET_FEATURES, 0, &[1, 2, 3, 4], &[]).unwrap();
+    let _ = c.fe.get_features();
+    c.send(FrontendReq::SET_FEATURES, 0, &[1, 2, 3, 4], &[])
+        .unwrap();
     outcome(&c, Err("SET_FEATURES with a 4-byte body sent".into()))
 }
 
 fn mis_partial(p: &Path) -> String {
     // A header that promises 40 bytes, 10 of them, then the frontend goes away.
     let c = Conn::connect(p);
-    let mut m = u32s(&[SET_VRING_ADDR, HDR_VERSION, 40]);
+    let mut m = u32s(&[FrontendReq::SET_VRING_ADDR as u32, HDR_VERSION, 40]);
     m.extend_from_slice(&[0u8; 10]);
     c.send_raw(&m, &[]).unwrap();
     drop(c);
@@ -674,19 +690,27 @@ fn mis_partial(p: &Path) -> String {
 
 fn mis_unknown_code(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send(999, HDR_NEED_REPLY, &[0u8; 8], &[]).unwrap();
+    c.send(
+        999u32,
+        VhostUserHeaderFlag::NEED_REPLY.bits(),
+        &[0u8; 8],
+        &[],
+    )
+    .unwrap();
     outcome(&c, Err("request code 999 sent".into()))
 }
 
 fn mis_bad_version(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send_raw(&u32s(&[GET_FEATURES, 0x2, 0]), &[]).unwrap();
+    c.send_raw(&u32s(&[FrontendReq::GET_FEATURES as u32, 0x2, 0]), &[])
+        .unwrap();
     outcome(&c, Err("header version 2 sent".into()))
 }
 
 fn mis_unoffered_features(p: &Path) -> String {
     let (c, offered) = Session::negotiate(p).unwrap();
-    let r = c.set(SET_FEATURES, &u64s(&[offered | (1 << 63) | (1 << 55)]), &[]);
+    let features = offered | (1 << 63) | (1 << 55);
+    let r = c.send_acked(FrontendReq::SET_FEATURES, &u64s(&[features]), &[]);
     outcome(&c, r)
 }
 
@@ -697,63 +721,61 @@ fn with_mem(p: &Path) -> (Conn, Guest) {
     (c, g)
 }
 
-fn mis_vring_num_0(p: &Path) -> String {
+/// SET_VRING_NUM `num` on vring `index`, after the memory table.
+fn set_vring_num_raw(p: &Path, index: u32, num: u32) -> String {
     let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 0]), &[]);
+    let r = c.send_acked(FrontendReq::SET_VRING_NUM, &u32s(&[index, num]), &[]);
     outcome(&c, r)
+}
+
+fn mis_vring_num_0(p: &Path) -> String {
+    set_vring_num_raw(p, 0, 0)
 }
 
 fn mis_vring_num_3(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 3]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 3)
 }
 
 fn mis_vring_num_too_big(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
     // The export's queue-size is 64.
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 128]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 128)
 }
 
 fn mis_vring_num_65536(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 65536]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 65536)
+}
+
+/// A SET_VRING_ADDR body for vring 0: descriptor table, used ring, avail ring.
+fn vring_addr_body(desc: u64, used: u64, avail: u64) -> Vec<u8> {
+    let mut body = u32s(&[0, 0]);
+    body.extend_from_slice(&u64s(&[desc, used, avail, 0]));
+    body
 }
 
 fn mis_vring_addr_outside(p: &Path) -> String {
     let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
-    let mut body = u32s(&[0, 0]);
+    answer(c.fe.set_vring_num(0, 16)).unwrap();
     // The descriptor table at a user address the mem table does not cover.
-    body.extend_from_slice(&u64s(&[
-        0x1000,
-        g.user_addr(0x3000),
-        g.user_addr(0x2000),
-        0,
-    ]));
-    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    let body = vring_addr_body(0x1000, g.user_addr(0x3000), g.user_addr(0x2000));
+    let r = c.send_acked(FrontendReq::SET_VRING_ADDR, &body, &[]);
     outcome(&c, r)
 }
 
 fn mis_vring_addr_runs_out(p: &Path) -> String {
     // The used ring starts inside region A but runs past its end into the hole.
-    let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 64]), &[]).unwrap();
-    let mut body = u32s(&[0, 0]);
-    body.extend_from_slice(&u64s(&[
+    let (mut c, g) = with_mem(p);
+    answer(c.fe.set_vring_num(0, 64)).unwrap();
+    let body = vring_addr_body(
         g.user_addr(0x1000),
         g.user_addr(0x10_0000 - 64),
         g.user_addr(0x2000),
-        0,
-    ]));
-    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    );
+    let r = c.send_acked(FrontendReq::SET_VRING_ADDR, &body, &[]);
     let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
     let r2 = r
         .clone()
-        .and_then(|_| c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()]))
-        .and_then(|_| c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[]));
+        .and_then(|_| answer(c.fe.set_vring_kick(0, &kick)))
+        .and_then(|_| answer(c.fe.set_vring_enable(0, true)));
     let _ = kick.write(1);
     format!(
         "SET_VRING_ADDR {r:?}, then kick+enable {r2:?}; {}",
@@ -762,16 +784,13 @@ fn mis_vring_addr_runs_out(p: &Path) -> String {
 }
 
 fn mis_vring_index(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[200, 16]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 200, 16)
 }
 
 fn mis_queue_num_plus_one(p: &Path) -> String {
-    let (c, g) = with_mem(p);
-    let n = c.get_u64(GET_QUEUE_NUM).unwrap() as u32;
-    let r = c.set(SET_VRING_NUM, &u32s(&[n, 16]), &[]);
-    let _ = g;
+    let (mut c, _g) = with_mem(p);
+    let n = answer(c.fe.get_queue_num()).unwrap() as u32;
+    let r = c.send_acked(FrontendReq::SET_VRING_NUM, &u32s(&[n, 16]), &[]);
     format!(
         "GET_QUEUE_NUM = {n}, SET_VRING_NUM index {n}: {}",
         outcome(&c, r)
@@ -779,23 +798,28 @@ fn mis_queue_num_plus_one(p: &Path) -> String {
 }
 
 fn mis_kick_index(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let n = c.get_u64(GET_QUEUE_NUM).unwrap();
+    let (mut c, _g) = with_mem(p);
+    let n = answer(c.fe.get_queue_num()).unwrap();
     let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-    let r = c.set(SET_VRING_KICK, &u64s(&[n]), &[kick.as_raw_fd()]);
+    let r = c.send_acked(
+        FrontendReq::SET_VRING_KICK,
+        &u64s(&[n]),
+        &[kick.as_raw_fd()],
+    );
     format!("SET_VRING_KICK index {n}: {}", outcome(&c, r))
 }
 
 fn mis_get_vring_base_index(p: &Path) -> String {
     let (c, _g) = with_mem(p);
-    c.send(GET_VRING_BASE, 0, &u32s(&[77, 0]), &[]).unwrap();
+    c.send(FrontendReq::GET_VRING_BASE, 0, &u32s(&[77, 0]), &[])
+        .unwrap();
     outcome(&c, Err("GET_VRING_BASE index 77 sent".into()))
 }
 
 fn mis_kick_without_fd(p: &Path) -> String {
     // Neither an fd nor the "no fd" flag (0x100).
     let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_KICK, &u64s(&[0]), &[]);
+    let r = c.send_acked(FrontendReq::SET_VRING_KICK, &u64s(&[0]), &[]);
     outcome(&c, r)
 }
 
@@ -806,55 +830,63 @@ fn mis_fds_on_wrong_message(p: &Path) -> String {
         .map(|_| EventFd::new(libc::EFD_CLOEXEC).unwrap())
         .collect();
     let fds: Vec<RawFd> = efds.iter().map(|e| e.as_raw_fd()).collect();
-    let _ = c.send(SET_OWNER, 0, &[], &fds);
+    let _ = c.send(FrontendReq::SET_OWNER, 0, &[], &fds);
     outcome(&c, Err("SET_OWNER with 8 fds sent".into()))
 }
 
-fn mis_mem_table_zero_regions(p: &Path) -> String {
+/// SET_MEM_TABLE with the regions `regions` gives for the guest memory, as (gpa, size, user
+/// address, file offset), each with the guest memory's fd or, if `fds` is given, with that many
+/// fds.
+fn mem_table_raw(
+    p: &Path,
+    regions: impl Fn(&Guest) -> Vec<[u64; 4]>,
+    fds: Option<usize>,
+) -> String {
     let (c, _) = Session::negotiate(p).unwrap();
-    let r = c.set(SET_MEM_TABLE, &u32s(&[0, 0]), &[]);
+    let g = Guest::new();
+    let regions = regions(&g);
+    let mut body = u32s(&[regions.len() as u32, 0]);
+    for r in &regions {
+        body.extend_from_slice(&u64s(r));
+    }
+    let fds = vec![g.fd(); fds.unwrap_or(regions.len())];
+    let r = c.send_acked(FrontendReq::SET_MEM_TABLE, &body, &fds);
     outcome(&c, r)
+}
+
+fn mis_mem_table_zero_regions(p: &Path) -> String {
+    mem_table_raw(p, |_| vec![], None)
 }
 
 fn mis_mem_table_fd_mismatch(p: &Path) -> String {
     // Two regions, one fd.
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[2, 0]);
-    for &(gpa, size, off) in &g.regions {
-        body.extend_from_slice(&u64s(&[gpa, size, g.base as u64 + off, off]));
-    }
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    let regions = |g: &Guest| {
+        g.regions
+            .iter()
+            .map(|&(gpa, size, off)| [gpa, size, g.base() + off, off])
+            .collect()
+    };
+    mem_table_raw(p, regions, Some(1))
 }
 
 fn mis_mem_table_overlap(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[2, 0]);
-    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
-    body.extend_from_slice(&u64s(&[MIB / 2, MIB, g.base as u64 + MIB, MIB]));
-    let fd = g.fd.as_raw_fd();
-    let r = c.set(SET_MEM_TABLE, &body, &[fd, fd]);
-    outcome(&c, r)
+    let regions = |g: &Guest| vec![[0, MIB, g.base(), 0], [MIB / 2, MIB, g.base() + MIB, MIB]];
+    mem_table_raw(p, regions, None)
 }
 
 fn mis_mem_table_wraps(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[u64::MAX - 4095, MIB, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    mem_table_raw(p, |g| vec![[u64::MAX - 4095, MIB, g.base(), 0]], None)
 }
 
 fn mis_mem_table_zero_size(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[0, 0, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    mem_table_raw(p, |g| vec![[0, 0, g.base(), 0]], None)
+}
+
+/// Reports the reply to a bad GET message (the length of its body) and how the connection
+/// ended.
+fn reply_outcome(c: &Conn) -> String {
+    let r = c.recv().map(|(_, _, b)| b.len());
+    format!("reply {r:?}; connection {}", closed_or_open(c))
 }
 
 fn mis_get_config_past_end(p: &Path) -> String {
@@ -862,17 +894,8 @@ fn mis_get_config_past_end(p: &Path) -> String {
     // struct { offset, size, flags, payload[size] }
     let mut body = u32s(&[90, 16, 0]);
     body.extend_from_slice(&[0u8; 16]);
-    c.send(GET_CONFIG, 0, &body, &[]).unwrap();
-    let r = c.recv();
-    format!(
-        "reply {:?}; connection {}",
-        r.map(|(_, _, b)| b.len()),
-        if c.closed_by_peer(Duration::from_millis(500)) {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    c.send(FrontendReq::GET_CONFIG, 0, &body, &[]).unwrap();
+    reply_outcome(&c)
 }
 
 /// VhostUserInflight: mmap_size, mmap_offset, num_queues, queue_size (repr(C): 24 bytes).
@@ -885,75 +908,35 @@ fn inflight_msg(size: u64, offset: u64, num_queues: u16, queue_size: u16) -> Vec
 }
 
 fn mis_get_inflight_huge(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    c.send(GET_INFLIGHT_FD, 0, &inflight_msg(0, 0, 1, 65535), &[])
-        .unwrap();
-    let r = c.recv().map(|(_, _, b)| b.len());
-    format!(
-        "reply {r:?}; connection {}",
-        if c.closed_by_peer(Duration::from_millis(500)) {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    let (c, _) = Session::negotiate_with(p, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
+    let body = inflight_msg(0, 0, 1, 65535);
+    c.send(FrontendReq::GET_INFLIGHT_FD, 0, &body, &[]).unwrap();
+    reply_outcome(&c)
+}
+
+/// SET_INFLIGHT_FD of a `len`-byte memfd with the message body `body`.
+fn set_inflight_raw(p: &Path, len: u64, body: &[u8]) -> String {
+    let (c, _) = Session::negotiate_with(p, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", len);
+    let r = c.send_acked(FrontendReq::SET_INFLIGHT_FD, body, &[f.as_raw_fd()]);
+    outcome(&c, r)
 }
 
 fn mis_set_inflight_past_eof(p: &Path) -> String {
     // A 4 KiB memfd claimed to hold 1 MiB of in-flight state.
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(MIB, 0, 1, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 4096, &inflight_msg(MIB, 0, 1, 64))
 }
 
 fn mis_set_inflight_offset_wraps(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(2048, u64::MAX - 1000, 1, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 4096, &inflight_msg(2048, u64::MAX - 1000, 1, 64))
 }
 
 fn mis_set_inflight_too_many_queues(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 1 << 20);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(1 << 20, 0, 9, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 1 << 20, &inflight_msg(1 << 20, 0, 9, 64))
 }
 
 fn mis_set_inflight_queue_size_0(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(4096, 0, 1, 0),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
-}
-
-fn memfd(name: &str, len: u64) -> File {
-    let name = std::ffi::CString::new(name).unwrap();
-    // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
-    let f = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
-        assert!(fd >= 0, "memfd_create");
-        File::from_raw_fd(fd)
-    };
-    f.set_len(len).unwrap();
-    f
+    set_inflight_raw(p, 4096, &inflight_msg(4096, 0, 1, 0))
 }
 
 fn mis_close_mid_setup(p: &Path) -> String {
@@ -977,7 +960,7 @@ fn mis_close_mid_setup(p: &Path) -> String {
 
 fn mis_close_after_mem_table(p: &Path) -> String {
     let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
+    answer(c.fe.set_vring_num(0, 16)).unwrap();
     drop(c);
     drop(g);
     "closed by the frontend after SET_MEM_TABLE and SET_VRING_NUM".into()
@@ -1137,36 +1120,22 @@ fn mem_region_larger_than_its_file_does_not_kill_the_daemon() {
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
 
-    let (c, _) = Session::negotiate(&sock).unwrap();
+    let (mut c, _) = Session::negotiate(&sock).unwrap();
     let mut g = Guest::new();
-    // Shrink the memfd to 64 KiB but keep claiming the full 1 MiB regions.
-    assert_eq!(unsafe { libc::ftruncate(g.fd.as_raw_fd(), 64 * 1024) }, 0);
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    // Shrink the memfd to 64 KiB but keep claiming a full 1 MiB region. A well-formed message:
+    // the Frontend sends it.
+    assert_eq!(unsafe { libc::ftruncate(g.fd(), 64 * 1024) }, 0);
+    g.regions = vec![(0, MIB, 0)];
+    let r = answer(c.fe.set_mem_table(&g.mem_table(&[])));
     eprintln!("SET_MEM_TABLE of a 1 MiB region over a 64 KiB memfd: {r:?}");
     if r.is_ok() {
         // Rings past the end of the file: the first access is the worker reading avail->idx.
-        g.regions = vec![(0, MIB, 0)];
-        let size = 16u32;
         let (desc, avail, used) = (0x8_0000u64, 0x8_1000u64, 0x8_2000u64);
-        let ring = (|| -> Result<(), String> {
-            c.set(SET_VRING_NUM, &u32s(&[0, size]), &[])?;
-            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
-            let mut body = u32s(&[0, 0]);
-            body.extend_from_slice(&u64s(&[
-                g.base as u64 + desc,
-                g.base as u64 + used,
-                g.base as u64 + avail,
-                0,
-            ]));
-            c.set(SET_VRING_ADDR, &body, &[])?;
-            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
-            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
-            kick.write(1).unwrap();
-            Ok(())
-        })();
+        let base = g.base();
+        let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+        let ring = c
+            .start_vring(0, 16, (base + desc, base + used, base + avail), None, &kick)
+            .map(|()| kick.write(1).unwrap());
         eprintln!("vring past the end of the file: {ring:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -1211,21 +1180,9 @@ fn misaligned_ring_addresses_are_refused() {
         ),
     ];
     for (what, skew_a, skew_b, desc, used) in scenarios {
-        let (c, _) = Session::negotiate(&sock).unwrap();
+        let (mut c, _) = Session::negotiate(&sock).unwrap();
         let mut g = Guest::new();
-        let skews = [skew_a, skew_b];
-        let mut body = u32s(&[2, 0]);
-        for (&(gpa, size, off), skew) in g.regions.iter().zip(skews) {
-            body.extend_from_slice(&u64s(&[
-                gpa,
-                size,
-                (g.base as u64 + off).wrapping_add(skew),
-                off,
-            ]));
-        }
-        let fd = g.fd.as_raw_fd();
-        c.set(SET_MEM_TABLE, &body, &[fd, fd])
-            .expect("SET_MEM_TABLE");
+        answer(c.fe.set_mem_table(&g.mem_table(&[skew_a, skew_b]))).expect("SET_MEM_TABLE");
         let ua = |g: &Guest, gpa: u64| {
             let skew = if gpa >= REGION_B_GPA { skew_b } else { skew_a };
             g.user_addr(gpa).wrapping_add(skew)
@@ -1243,17 +1200,9 @@ fn misaligned_ring_addresses_are_refused() {
                 status_desc(),
             ]),
         );
-        let setup = (|| -> Result<EventFd, String> {
-            c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[])?;
-            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
-            let mut body = u32s(&[0, 0]);
-            body.extend_from_slice(&u64s(&[ua(&g, desc), ua(&g, used), ua(&g, avail), 0]));
-            c.set(SET_VRING_ADDR, &body, &[])?;
-            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
-            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
-            Ok(kick)
-        })();
+        let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+        let addrs = (ua(&g, desc), ua(&g, used), ua(&g, avail));
+        let setup = c.start_vring(0, 16, addrs, None, &kick).map(|()| kick);
         let (obs, served) = match &setup {
             Ok(kick) => {
                 g.write(avail + 4, &0u16.to_le_bytes());
@@ -1301,7 +1250,8 @@ fn forged_inflight_region_is_survived() {
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
 
-    let (c, _) = Session::negotiate_with(&sock, P_INFLIGHT_SHMFD).unwrap();
+    let (mut c, _) =
+        Session::negotiate_with(&sock, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
     // Per queue: u64 features; u16 version, desc_num, last_batch_head, used_idx; then
     // desc[queue_size] { u8 inflight; u8 pad[5]; u16 next; u64 counter }, 64-byte aligned.
     let qs = 64u16;
@@ -1319,15 +1269,12 @@ fn forged_inflight_region_is_survived() {
     }
     let f = memfd("forged-inflight", size);
     std::os::unix::fs::FileExt::write_all_at(&f, &region, 0).unwrap();
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(size, 0, 1, qs),
-        &[f.as_raw_fd()],
-    );
+    // A well-formed message (only the region's content is forged): the Frontend sends it.
+    let r = answer(c.fe.set_inflight_fd(&VhostUserInflight::new(size, 0, 1, qs), f.as_raw_fd()));
     eprintln!("SET_INFLIGHT_FD of a forged region: {r:?}");
     let mut g = Guest::new();
     Session::set_mem_table(&c, &g).expect("SET_MEM_TABLE");
-    let ring = Session::setup_ring(&c, &mut g, 0, 16);
+    let ring = Session::setup_ring(&mut c, &mut g, 0, 16);
     eprintln!(
         "vring setup with the forged region: {:?}",
         ring.as_ref().map(|_| ())
@@ -1607,19 +1554,21 @@ fn last_desc(s: &mut Session, head: u16) -> D {
 /// The writeback byte of the config space (struct virtio_blk_config's `wce`).
 const CONFIG_WCE_OFFSET: u32 = 32;
 
-fn config_writeback(conn: &Conn) -> u8 {
-    // struct { offset, size, flags, payload[size] }
-    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
-    body.push(0);
-    let reply = conn.get(GET_CONFIG, &body).expect("GET_CONFIG");
-    assert_eq!(reply.len(), 13, "GET_CONFIG reply {reply:?}");
-    reply[12]
+fn config_writeback(conn: &mut Conn) -> u8 {
+    let flags = VhostUserConfigFlags::empty();
+    let (_, payload) =
+        answer(conn.fe.get_config(CONFIG_WCE_OFFSET, 1, flags, &[0])).expect("GET_CONFIG");
+    assert_eq!(payload.len(), 1, "GET_CONFIG reply {payload:?}");
+    payload[0]
 }
 
-fn set_config_writeback(conn: &Conn, on: bool) {
-    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
-    body.push(u8::from(on));
-    conn.set(SET_CONFIG, &body, &[]).expect("SET_CONFIG");
+fn set_config_writeback(conn: &mut Conn, on: bool) {
+    let flags = VhostUserConfigFlags::empty();
+    answer(
+        conn.fe
+            .set_config(CONFIG_WCE_OFFSET, flags, &[u8::from(on)]),
+    )
+    .expect("SET_CONFIG");
 }
 
 /// The export's count of write-through writes.
@@ -1641,7 +1590,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     );
     let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
     assert_eq!(
-        config_writeback(&s.conn),
+        config_writeback(&mut s.conn),
         1,
         "write-back is the initial mode"
     );
@@ -1675,8 +1624,12 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     write_some(&mut s, 0, 0x11);
     assert_eq!(sync_writes(&stats), 0, "write-back mode wrote through");
 
-    set_config_writeback(&s.conn, false);
-    assert_eq!(config_writeback(&s.conn), 0, "the cache mode did not stick");
+    set_config_writeback(&mut s.conn, false);
+    assert_eq!(
+        config_writeback(&mut s.conn),
+        0,
+        "the cache mode did not stick"
+    );
     write_some(&mut s, 64, 0x22);
     assert_eq!(
         sync_writes(&stats),
@@ -1684,8 +1637,8 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
         "write-through mode: every write must carry RWF_DSYNC"
     );
 
-    set_config_writeback(&s.conn, true);
-    assert_eq!(config_writeback(&s.conn), 1);
+    set_config_writeback(&mut s.conn, true);
+    assert_eq!(config_writeback(&mut s.conn), 1);
     write_some(&mut s, 128, 0x33);
     assert_eq!(sync_writes(&stats), 4, "back in write-back mode");
 
@@ -1717,18 +1670,17 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
 
     // What a reconnecting frontend does: negotiate, hand over the in-flight region, set up.
     let connect = |region: &File| -> Session {
-        let (conn, _) =
-            Session::negotiate_features(&sock, P_INFLIGHT_SHMFD, F_BLK_FLUSH | F_BLK_CONFIG_WCE)
-                .expect("negotiation");
-        conn.set(
-            SET_INFLIGHT_FD,
-            &inflight_msg(region_len, 0, 1, QSIZE),
-            &[region.as_raw_fd()],
+        let (mut conn, _) = Session::negotiate_features(
+            &sock,
+            VhostUserProtocolFeatures::INFLIGHT_SHMFD,
+            F_BLK_FLUSH | F_BLK_CONFIG_WCE,
         )
-        .expect("SET_INFLIGHT_FD");
+        .expect("negotiation");
+        let inflight = VhostUserInflight::new(region_len, 0, 1, QSIZE);
+        answer(conn.fe.set_inflight_fd(&inflight, region.as_raw_fd())).expect("SET_INFLIGHT_FD");
         let mut guest = Guest::new();
         Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
-        let ring = Session::setup_ring(&conn, &mut guest, 0, QSIZE).expect("vring setup");
+        let ring = Session::setup_ring(&mut conn, &mut guest, 0, QSIZE).expect("vring setup");
         Session {
             conn,
             guest,
@@ -1752,8 +1704,8 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     };
 
     let mut s = connect(&region);
-    assert_eq!(config_writeback(&s.conn), 1);
-    set_config_writeback(&s.conn, false);
+    assert_eq!(config_writeback(&mut s.conn), 1);
+    set_config_writeback(&mut s.conn, false);
     write_one(&mut s, 0);
     assert_eq!(sync_writes(&stats_a), 1);
     // The state is in the region, after the queue: magic, saved, write-through.
@@ -1777,7 +1729,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     );
     let mut s = connect(&region);
     assert_eq!(
-        config_writeback(&s.conn),
+        config_writeback(&mut s.conn),
         0,
         "the restarted mqblk forgot that the guest chose write-through"
     );
@@ -1790,8 +1742,8 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     drop(s);
 
     // A frontend without the region starts in write-back, as a new guest should.
-    let s = Session::open_features(&sock, QSIZE, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
-    assert_eq!(config_writeback(&s.conn), 1);
+    let mut s = Session::open_features(&sock, QSIZE, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
+    assert_eq!(config_writeback(&mut s.conn), 1);
     drop(s);
     daemon.terminate();
 }

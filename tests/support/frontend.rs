@@ -1,66 +1,43 @@
 //! A vhost-user frontend for the hostile tests (tests/hostile.rs).
 //!
-//! It speaks vhost-user itself, byte by byte over the unix socket (SCM_RIGHTS for the memfd and
-//! eventfds), so that it can send what no well-behaved library would. It shares a memfd as
-//! guest memory (two regions with a hole between them), writes the descriptor table, avail ring
-//! and requests by hand, kicks, and reads the used ring. Guest memory is filled with a canary
-//! first and a shadow copy is kept, so that a test can check that the daemon wrote exactly what
-//! it should and nothing else.
+//! Well-formed messages go through the vhost crate's [`Frontend`]; the malformed ones that the
+//! tests exist to send (garbage, out-of-range indices, sizes and addresses, truncated
+//! messages) are written as raw bytes on the same socket ([`Conn::send`]), so that no library
+//! check stands between them and the daemon. Guest memory is a memfd shared as two regions with
+//! a hole between them, filled with a canary and shadowed; the descriptor table, avail ring and
+//! requests are written by hand, and the used ring is read by hand.
 
-use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use mqblk_client::check_pattern;
+use vhost::vhost_user::message::{
+    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures, MAX_MSG_SIZE,
+    VHOST_USER_MAX_VRINGS,
+};
+use vhost::vhost_user::{Error as VhuError, Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::mem::SharedMem;
 
 /// How long a reconnect may be refused because the daemon has not yet seen the previous
 /// frontend's close (see [`Session::negotiate_features`]).
 pub const RECONNECT_GRACE: Duration = Duration::from_secs(2);
 
-// ---------------------------------------------------------------------------------------------
-// vhost-user, by hand
-// ---------------------------------------------------------------------------------------------
-
-pub const GET_FEATURES: u32 = 1;
-pub const SET_FEATURES: u32 = 2;
-pub const SET_OWNER: u32 = 3;
-pub const SET_MEM_TABLE: u32 = 5;
-pub const SET_VRING_NUM: u32 = 8;
-pub const SET_VRING_ADDR: u32 = 9;
-pub const SET_VRING_BASE: u32 = 10;
-pub const GET_VRING_BASE: u32 = 11;
-pub const SET_VRING_KICK: u32 = 12;
-pub const SET_VRING_CALL: u32 = 13;
-pub const GET_PROTOCOL_FEATURES: u32 = 15;
-pub const SET_PROTOCOL_FEATURES: u32 = 16;
-pub const GET_QUEUE_NUM: u32 = 17;
-pub const SET_VRING_ENABLE: u32 = 18;
-pub const GET_CONFIG: u32 = 24;
-pub const SET_CONFIG: u32 = 25;
-pub const GET_INFLIGHT_FD: u32 = 31;
-pub const SET_INFLIGHT_FD: u32 = 32;
-
+/// The protocol version in a message header's flags.
 pub const HDR_VERSION: u32 = 0x1;
-pub const HDR_REPLY: u32 = 0x4;
-pub const HDR_NEED_REPLY: u32 = 0x8;
-/// vhost-user's largest message body (the vhost crate's MAX_MSG_SIZE).
-pub const MAX_MSG_SIZE: u32 = 0x1000;
 
 pub const F_INDIRECT_DESC: u64 = 1 << 28;
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 pub const F_VERSION_1: u64 = 1 << 32;
 pub const F_BLK_RO: u64 = 1 << 5;
 pub const F_BLK_FLUSH: u64 = 1 << 9;
 pub const F_BLK_CONFIG_WCE: u64 = 1 << 11;
-pub const P_MQ: u64 = 1 << 0;
-pub const P_REPLY_ACK: u64 = 1 << 3;
-pub const P_CONFIG: u64 = 1 << 9;
-pub const P_INFLIGHT_SHMFD: u64 = 1 << 12;
 
 pub const VRING_F_NEXT: u16 = 1;
 pub const VRING_F_WRITE: u16 = 2;
@@ -90,95 +67,105 @@ pub fn u64s(v: &[u64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// One frontend connection.
+/// What the daemon answered to a message that the [`Frontend`] sent: Ok, `Err("NACK")` when it
+/// acked with an error, or `Err("closed: ...")` when the connection failed or timed out. A
+/// reply that does not answer the request (another request code, no REPLY flag, a malformed
+/// body) fails the test.
+pub fn answer<T>(r: vhost::Result<T>) -> Result<T, String> {
+    let e = match r {
+        Ok(v) => return Ok(v),
+        Err(vhost::Error::VhostUserProtocol(e)) => e,
+        Err(e) => return Err(format!("closed: {e}")),
+    };
+    match e {
+        VhuError::BackendInternalError => Err("NACK".into()),
+        VhuError::InvalidMessage => {
+            panic!("the daemon's reply does not answer the request (code, REPLY flag or body)")
+        }
+        VhuError::InvalidParam | VhuError::InactiveFeature(_) | VhuError::InactiveOperation(_) => {
+            panic!("test bug: the vhost crate refused to send the message: {e}")
+        }
+        e => Err(format!("closed: {e}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection: the vhost crate's Frontend, and raw bytes on the same socket
+// ---------------------------------------------------------------------------------------------
+
+/// One frontend connection: the vhost crate's [`Frontend`] and, on the same socket, the raw
+/// side for malformed messages and for watching the connection.
 pub struct Conn {
-    pub sock: UnixStream,
+    pub fe: Frontend,
+    raw: UnixStream,
 }
 
 impl Conn {
     pub fn connect(path: &Path) -> Conn {
         let sock = UnixStream::connect(path).expect("connecting to the export");
+        // A socket option: the Frontend's reads time out too.
         sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
-        Conn { sock }
+        let raw = sock.try_clone().expect("duplicating the socket");
+        // The Frontend refuses vring indices from this bound on. The queue count is not known
+        // before GET_QUEUE_NUM, which most sessions do not send: the protocol's maximum.
+        let fe = Frontend::from_stream(sock, VHOST_USER_MAX_VRINGS);
+        Conn { fe, raw }
     }
 
     /// Sends raw bytes, with file descriptors attached to the first byte.
     pub fn send_raw(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-        let mut iov = libc::iovec {
-            iov_base: bytes.as_ptr() as *mut libc::c_void,
-            iov_len: bytes.len(),
-        };
-        // SAFETY: a msghdr pointing at live locals (iov, cmsg buffer) for the duration of
-        // sendmsg; the control buffer is sized with CMSG_SPACE for `fds`.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            let fd_bytes = std::mem::size_of_val(fds) as u32;
-            let mut cbuf = vec![0u8; libc::CMSG_SPACE(fd_bytes) as usize];
-            if !fds.is_empty() {
-                msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-                msg.msg_controllen = cbuf.len();
-                let c = libc::CMSG_FIRSTHDR(&msg);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
-                std::ptr::copy_nonoverlapping(
-                    fds.as_ptr() as *const u8,
-                    libc::CMSG_DATA(c),
-                    fd_bytes as usize,
-                );
-            }
-            let n = libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if n as usize != bytes.len() {
-                return Err(io::Error::other("short sendmsg"));
-            }
+        let n = self
+            .raw
+            .send_with_fds(&[bytes], fds)
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        if n != bytes.len() {
+            return Err(io::Error::other("short sendmsg"));
         }
         Ok(())
     }
 
-    pub fn send(&self, code: u32, flags: u32, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
-        let mut m = u32s(&[code, HDR_VERSION | flags, body.len() as u32]);
+    /// Sends a message: header (request `code`, version and `flags`, body size), then `body`.
+    pub fn send(
+        &self,
+        code: impl Into<u32>,
+        flags: u32,
+        body: &[u8],
+        fds: &[RawFd],
+    ) -> io::Result<()> {
+        let mut m = u32s(&[code.into(), HDR_VERSION | flags, body.len() as u32]);
         m.extend_from_slice(body);
         self.send_raw(&m, fds)
     }
 
     /// Reads one reply: (code, flags, body).
     pub fn recv(&self) -> io::Result<(u32, u32, Vec<u8>)> {
-        let mut s = &self.sock;
+        let mut s = &self.raw;
         let mut h = [0u8; 12];
         s.read_exact(&mut h)?;
         let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
         let (code, flags, size) = (w(0), w(4), w(8));
-        if size > MAX_MSG_SIZE {
+        if size as usize > MAX_MSG_SIZE {
             return Err(io::Error::other(format!("reply size {size}")));
         }
         let mut body = vec![0u8; size as usize];
         s.read_exact(&mut body)?;
-        assert!(flags & HDR_REPLY != 0, "reply without the REPLY flag");
+        assert!(
+            flags & VhostUserHeaderFlag::REPLY.bits() != 0,
+            "reply without the REPLY flag"
+        );
         Ok((code, flags, body))
     }
 
-    /// A request that has a reply body (GET_*).
-    pub fn get(&self, code: u32, body: &[u8]) -> Result<Vec<u8>, String> {
-        self.send(code, 0, body, &[])
-            .map_err(|e| format!("send: {e}"))?;
-        let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
-        assert_eq!(c, code, "reply to another request");
-        Ok(b)
-    }
-
-    pub fn get_u64(&self, code: u32) -> Result<u64, String> {
-        let b = self.get(code, &[])?;
-        Ok(u64::from_le_bytes(b[..8].try_into().unwrap()))
-    }
-
-    /// A request answered with REPLY_ACK: Ok, or Err("NACK")/Err("closed: ...").
-    pub fn set(&self, code: u32, body: &[u8], fds: &[RawFd]) -> Result<(), String> {
-        self.send(code, HDR_NEED_REPLY, body, fds)
+    /// Sends a message with NEED_REPLY and reads the ack: Ok, or Err("NACK (value)") /
+    /// Err("closed: ...").
+    pub fn send_acked(
+        &self,
+        code: impl Into<u32>,
+        body: &[u8],
+        fds: &[RawFd],
+    ) -> Result<(), String> {
+        let code = code.into();
+        self.send(code, VhostUserHeaderFlag::NEED_REPLY.bits(), body, fds)
             .map_err(|e| format!("closed: send: {e}"))?;
         let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
         assert_eq!(c, code, "ack for another request");
@@ -188,22 +175,64 @@ impl Conn {
         }
     }
 
-    /// A request sent without asking for an ack.
-    pub fn set_noack(&self, code: u32, body: &[u8]) {
-        self.send(code, 0, body, &[]).expect("send");
-    }
-
     /// Whether the daemon closes the connection within `within`.
     pub fn closed_by_peer(&self, within: Duration) -> bool {
-        self.sock.set_read_timeout(Some(within)).unwrap();
+        self.raw.set_read_timeout(Some(within)).unwrap();
         let mut b = [0u8; 64];
-        let r = (&self.sock).read(&mut b);
-        self.sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
+        let r = (&self.raw).read(&mut b);
+        self.raw.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
         match r {
             Ok(0) => true,
             Ok(_) => false,
             Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
         }
+    }
+
+    /// Sets up vring `q` with `size` entries at the frontend addresses `(desc, used, avail)`,
+    /// its kick and (if given) its call eventfd, and enables it.
+    pub fn start_vring(
+        &mut self,
+        q: usize,
+        size: u16,
+        (desc, used, avail): (u64, u64, u64),
+        call: Option<&EventFd>,
+        kick: &EventFd,
+    ) -> Result<(), String> {
+        answer(self.fe.set_vring_num(q, size))?;
+        answer(self.fe.set_vring_base(q, 0))?;
+        let addrs = VringConfigData {
+            queue_max_size: size,
+            queue_size: size,
+            flags: 0,
+            desc_table_addr: desc,
+            used_ring_addr: used,
+            avail_ring_addr: avail,
+            log_addr: None,
+        };
+        answer(self.fe.set_vring_addr(q, &addrs))?;
+        if let Some(call) = call {
+            answer(self.fe.set_vring_call(q, call))?;
+        }
+        answer(self.fe.set_vring_kick(q, kick))?;
+        answer(self.fe.set_vring_enable(q, true))
+    }
+}
+
+/// A memory region as [`Frontend::set_mem_table`] takes it.
+fn region(
+    gpa: u64,
+    size: u64,
+    user_addr: u64,
+    offset: u64,
+    fd: RawFd,
+) -> VhostUserMemoryRegionInfo {
+    VhostUserMemoryRegionInfo {
+        guest_phys_addr: gpa,
+        memory_size: size,
+        userspace_addr: user_addr,
+        mmap_offset: offset,
+        mmap_handle: fd,
+        ..Default::default()
     }
 }
 
@@ -219,9 +248,7 @@ pub const HOLE: u64 = 0x15_0000;
 pub const CANARY: u8 = 0xa5;
 
 pub struct Guest {
-    pub fd: File,
-    pub base: *mut u8,
-    pub len: usize,
+    pub mem: SharedMem,
     /// (gpa, size, file offset)
     pub regions: Vec<(u64, u64, u64)>,
     pub shadow: Vec<u8>,
@@ -230,40 +257,39 @@ pub struct Guest {
 impl Guest {
     pub fn new() -> Guest {
         let len = 2 * MIB_U;
-        // SAFETY: plain syscalls; the mapping is owned by the Guest and unmapped in Drop.
-        let (fd, base) = unsafe {
-            let fd = libc::memfd_create(c"hostile-guest".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0, "memfd_create");
-            assert_eq!(libc::ftruncate(fd, len as i64), 0);
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            (File::from_raw_fd(fd), p as *mut u8)
-        };
         let mut g = Guest {
-            fd,
-            base,
-            len,
+            mem: SharedMem::new("hostile-guest", len),
             regions: vec![
                 (0, MIB_U as u64, 0),
                 (REGION_B_GPA, MIB_U as u64, MIB_U as u64),
             ],
             shadow: vec![CANARY; len],
         };
-        g.mem().fill(CANARY);
+        g.mem.as_mut_slice().fill(CANARY);
         g
     }
 
-    pub fn mem(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is live and `len` long. The daemon writes to it concurrently only
-        // while a request is in flight; the test reads it after the answer.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    /// The frontend's address of the memfd's first byte.
+    pub fn base(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.mem.fd()
+    }
+
+    /// The memory table: each region at its frontend address shifted by its entry of `skews`
+    /// (missing entries: 0).
+    pub fn mem_table(&self, skews: &[u64]) -> Vec<VhostUserMemoryRegionInfo> {
+        self.regions
+            .iter()
+            .enumerate()
+            .map(|(i, &(gpa, size, off))| {
+                let skew = skews.get(i).copied().unwrap_or(0);
+                let user_addr = (self.base() + off).wrapping_add(skew);
+                region(gpa, size, user_addr, off, self.fd())
+            })
+            .collect()
     }
 
     pub fn off(&self, gpa: u64, len: usize) -> usize {
@@ -277,13 +303,13 @@ impl Guest {
 
     /// The frontend's own address of a guest-physical address (what SET_VRING_ADDR carries).
     pub fn user_addr(&self, gpa: u64) -> u64 {
-        self.base as u64 + self.off(gpa, 1) as u64
+        self.base() + self.off(gpa, 1) as u64
     }
 
     /// Writes guest memory (and the shadow).
     pub fn write(&mut self, gpa: u64, data: &[u8]) {
         let o = self.off(gpa, data.len());
-        self.mem()[o..o + data.len()].copy_from_slice(data);
+        self.mem.as_mut_slice()[o..o + data.len()].copy_from_slice(data);
         self.shadow[o..o + data.len()].copy_from_slice(data);
     }
 
@@ -293,14 +319,14 @@ impl Guest {
         let mut v = vec![0u8; len];
         // SAFETY: in bounds (checked by off). The daemon writes this memory only while a
         // request is in flight; callers read it after the answer (the fence above orders it).
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(o), v.as_mut_ptr(), len) };
+        unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr().add(o), v.as_mut_ptr(), len) };
         v
     }
 
     pub fn read_u16(&mut self, gpa: u64) -> u16 {
         let o = self.off(gpa, 2);
         // SAFETY: in bounds and 2-aligned (ring fields); volatile: the daemon updates it.
-        let v = unsafe { std::ptr::read_volatile(self.base.add(o) as *const u16) };
+        let v = unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(o) as *const u16) };
         std::sync::atomic::fence(Ordering::SeqCst);
         u16::from_le(v)
     }
@@ -342,17 +368,11 @@ impl Guest {
     /// A copy of the whole memfd.
     pub fn read_all(&mut self) -> Vec<u8> {
         std::sync::atomic::fence(Ordering::SeqCst);
-        let mut v = vec![0u8; self.len];
+        let len = self.mem.len();
+        let mut v = vec![0u8; len];
         // SAFETY: the whole live mapping; see `read`.
-        unsafe { std::ptr::copy_nonoverlapping(self.base, v.as_mut_ptr(), self.len) };
+        unsafe { std::ptr::copy_nonoverlapping(self.mem.as_ptr(), v.as_mut_ptr(), len) };
         v
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in new().
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
 
@@ -373,8 +393,6 @@ pub fn ring_gpas(q: u32) -> (u64, u64, u64) {
 }
 
 pub struct Ring {
-    #[allow(dead_code)]
-    pub index: u32,
     pub size: u16,
     pub desc: u64,
     pub avail: u64,
@@ -433,8 +451,7 @@ pub fn dwz_segment(sector: u64, num: u32, flags: u32) -> Vec<u8> {
 }
 
 pub struct Session {
-    /// Kept open for the session's lifetime; dropping it disconnects.
-    #[allow(dead_code)]
+    /// Dropping it disconnects.
     pub conn: Conn,
     pub guest: Guest,
     pub rings: Vec<Ring>,
@@ -454,27 +471,30 @@ pub enum Answer {
 impl Session {
     /// Connects and negotiates; stops before SET_MEM_TABLE.
     pub fn negotiate(path: &Path) -> Result<(Conn, u64), String> {
-        Self::negotiate_with(path, 0)
+        Self::negotiate_with(path, VhostUserProtocolFeatures::empty())
     }
 
     /// [`Session::negotiate`], acking the protocol features `extra` as well.
-    pub fn negotiate_with(path: &Path, extra: u64) -> Result<(Conn, u64), String> {
+    pub fn negotiate_with(
+        path: &Path,
+        extra: VhostUserProtocolFeatures,
+    ) -> Result<(Conn, u64), String> {
         Self::negotiate_features(path, extra, 0)
     }
 
     /// [`Session::negotiate_with`], acking the device features `features` as well.
     pub fn negotiate_features(
         path: &Path,
-        extra: u64,
+        extra: VhostUserProtocolFeatures,
         features: u64,
     ) -> Result<(Conn, u64), String> {
         // The daemon serves one frontend per socket and closes a second one at once. The
         // previous session's close can reach it late (another test thread forking a process
         // holds a copy of the socket until its exec), so retry a refused connection briefly.
         let deadline = Instant::now() + RECONNECT_GRACE;
-        let (conn, offered) = loop {
+        let (mut conn, offered) = loop {
             let conn = Conn::connect(path);
-            match conn.get_u64(GET_FEATURES) {
+            match answer(conn.fe.get_features()) {
                 Ok(f) => break (conn, f),
                 Err(e) if e.starts_with("closed") && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
@@ -482,59 +502,62 @@ impl Session {
                 Err(e) => return Err(e),
             }
         };
-        let pf = conn.get_u64(GET_PROTOCOL_FEATURES)?;
-        assert!(pf & P_REPLY_ACK != 0, "REPLY_ACK not offered");
+        let pf = answer(conn.fe.get_protocol_features())?;
         assert!(
-            pf & extra == extra,
-            "protocol features {extra:#x} not offered ({pf:#x})"
+            pf.contains(VhostUserProtocolFeatures::REPLY_ACK),
+            "REPLY_ACK not offered"
         );
-        conn.set_noack(
-            SET_PROTOCOL_FEATURES,
-            &u64s(&[P_MQ | P_REPLY_ACK | P_CONFIG | extra]),
+        assert!(
+            pf.contains(extra),
+            "protocol features {extra:?} not offered ({pf:?})"
         );
-        conn.set(SET_OWNER, &[], &[])?;
+        // Without NEED_REPLY: REPLY_ACK is in force only once this message is through.
+        answer(conn.fe.set_protocol_features(
+            VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::CONFIG
+                | extra,
+        ))?;
+        // From here on every message asks for an ack, so that the test sees each NACK (messages
+        // with a reply of their own get just that reply).
+        conn.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        answer(conn.fe.set_owner())?;
         assert!(
             offered & features == features,
             "features {features:#x} not offered ({offered:#x})"
         );
-        let want =
-            F_VERSION_1 | F_PROTOCOL_FEATURES | F_INDIRECT_DESC | (offered & F_BLK_RO) | features;
-        conn.set(SET_FEATURES, &u64s(&[want]), &[])?;
+        let want = F_VERSION_1
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | F_INDIRECT_DESC
+            | (offered & F_BLK_RO)
+            | features;
+        answer(conn.fe.set_features(want))?;
         Ok((conn, offered))
     }
 
     pub fn set_mem_table(conn: &Conn, guest: &Guest) -> Result<(), String> {
-        let mut body = u32s(&[guest.regions.len() as u32, 0]);
-        let mut fds = Vec::new();
-        for &(gpa, size, off) in &guest.regions {
-            body.extend_from_slice(&u64s(&[gpa, size, guest.base as u64 + off, off]));
-            fds.push(guest.fd.as_raw_fd());
-        }
-        conn.set(SET_MEM_TABLE, &body, &fds)
+        answer(conn.fe.set_mem_table(&guest.mem_table(&[]))).map(|_| ())
     }
 
-    pub fn setup_ring(conn: &Conn, guest: &mut Guest, q: u32, size: u16) -> Result<Ring, String> {
+    pub fn setup_ring(
+        conn: &mut Conn,
+        guest: &mut Guest,
+        q: u32,
+        size: u16,
+    ) -> Result<Ring, String> {
         let (desc, avail, used) = ring_gpas(q);
         guest.write(desc, &vec![0u8; 16 * size as usize]);
         guest.write(avail, &vec![0u8; 6 + 2 * size as usize]);
         guest.write(used, &vec![0u8; 6 + 8 * size as usize]);
-        conn.set(SET_VRING_NUM, &u32s(&[q, u32::from(size)]), &[])?;
-        conn.set(SET_VRING_BASE, &u32s(&[q, 0]), &[])?;
-        let mut body = u32s(&[q, 0]);
-        body.extend_from_slice(&u64s(&[
+        let kick = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
+        let addrs = (
             guest.user_addr(desc),
             guest.user_addr(used),
             guest.user_addr(avail),
-            0,
-        ]));
-        conn.set(SET_VRING_ADDR, &body, &[])?;
-        let kick = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
-        let call = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
-        conn.set(SET_VRING_CALL, &u64s(&[u64::from(q)]), &[call.as_raw_fd()])?;
-        conn.set(SET_VRING_KICK, &u64s(&[u64::from(q)]), &[kick.as_raw_fd()])?;
-        conn.set(SET_VRING_ENABLE, &u32s(&[q, 1]), &[])?;
+        );
+        conn.start_vring(q as usize, size, addrs, Some(&call), &kick)?;
         Ok(Ring {
-            index: q,
             size,
             desc,
             avail,
@@ -558,10 +581,12 @@ impl Session {
         image_seed: Option<u64>,
         features: u64,
     ) -> Session {
-        let (conn, _) = Self::negotiate_features(path, 0, features).expect("negotiation");
+        let (mut conn, _) =
+            Self::negotiate_features(path, VhostUserProtocolFeatures::empty(), features)
+                .expect("negotiation");
         let mut guest = Guest::new();
         Self::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
-        let ring = Self::setup_ring(&conn, &mut guest, 0, size).expect("vring setup");
+        let ring = Self::setup_ring(&mut conn, &mut guest, 0, size).expect("vring setup");
         Session {
             conn,
             guest,
