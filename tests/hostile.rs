@@ -1678,15 +1678,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
         .expect("negotiation");
         let inflight = VhostUserInflight::new(region_len, 0, 1, QSIZE);
         answer(conn.fe.set_inflight_fd(&inflight, region.as_raw_fd())).expect("SET_INFLIGHT_FD");
-        let mut guest = Guest::new();
-        Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
-        let ring = Session::setup_ring(&mut conn, &mut guest, 0, QSIZE).expect("vring setup");
-        Session {
-            conn,
-            guest,
-            rings: vec![ring],
-            image_seed: None,
-        }
+        Session::start(conn, QSIZE, None)
     };
     let write_one = |s: &mut Session, sector: u64| {
         s.guest.write(HDR_GPA, &header(T_OUT, sector));

@@ -232,7 +232,6 @@ fn region(
         userspace_addr: user_addr,
         mmap_offset: offset,
         mmap_handle: fd,
-        ..Default::default()
     }
 }
 
@@ -581,9 +580,14 @@ impl Session {
         image_seed: Option<u64>,
         features: u64,
     ) -> Session {
-        let (mut conn, _) =
+        let (conn, _) =
             Self::negotiate_features(path, VhostUserProtocolFeatures::empty(), features)
                 .expect("negotiation");
+        Self::start(conn, size, image_seed)
+    }
+
+    /// Sets up guest memory and a ring of `size` on queue 0 of the negotiated `conn`.
+    pub fn start(mut conn: Conn, size: u16, image_seed: Option<u64>) -> Session {
         let mut guest = Guest::new();
         Self::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
         let ring = Self::setup_ring(&mut conn, &mut guest, 0, size).expect("vring setup");
