@@ -1,15 +1,16 @@
 //! `mqblk bench` end to end on a tiny configuration: it starts `mqblk serve` itself, drives it
 //! with the built-in client, stops it, and writes results.json, report.md and iops.png.
+mod support;
 
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_mqblk");
+use support::daemon::{mqblk_bin, TestDir};
 
 #[test]
 fn bench_runs_a_tiny_null_configuration_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new();
     let out = dir.path().join("out");
-    let o = Command::new(BIN)
+    let o = Command::new(mqblk_bin())
         .args([
             "bench",
             "--backend",
@@ -77,8 +78,8 @@ fn bench_runs_a_tiny_null_configuration_end_to_end() {
 
 #[test]
 fn bench_rejects_bad_arguments_before_running_anything() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = Command::new(BIN)
+    let dir = TestDir::new();
+    let o = Command::new(mqblk_bin())
         .args(["bench", "--mode", "per-thread", "--out"])
         .arg(dir.path().join("out"))
         .output()

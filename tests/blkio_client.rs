@@ -8,15 +8,15 @@
 //! `MQBLK_TEST_BACKEND=qsd cargo test --test blkio_client` runs the same tests against
 //! qemu-storage-daemon, the reference backend.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::*;
 use mqblk_client::{
     check_pattern, fill_pattern, run, Client, ConnectOptions, IoError, Pattern, Report, ReqFlags,
     Workload,
 };
+use support::daemon::*;
 
 const IMG_SIZE: u64 = 8 * MIB;
 /// Seed of the data images start with, so that zeroes and stale data are both visible.

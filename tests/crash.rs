@@ -4,14 +4,14 @@
 //! own promise: it acknowledges a write only after the engine completed it, and a flush only
 //! after fdatasync returned. A daemon that acknowledged early (a write-back cache of its own, an
 //! acknowledgement before the io_uring completion) would lose acknowledged blocks here.
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
 use mqblk_client::{check_pattern, fill_pattern, Client, Pattern, Workload};
+use support::daemon::*;
 
 const SIZE: u64 = 16 << 20;
 const BS: usize = 4096;

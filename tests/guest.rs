@@ -19,14 +19,22 @@
 //!   a guest/test problem from an mqblk problem); the default is `mqblk`.
 //! - `MQBLK_GUEST_SEED=N`: pattern seed (1..=2147483646); the default is derived from the clock
 //!   and printed, and failures print it too.
+//! - `MQBLK_GUEST_KEEP=1`: keep the work directory (image, console, logs) even when the test
+//!   passes.
+mod support;
 
 use std::borrow::Cow;
 use std::fs;
-use std::io;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::daemon::{stats_sync_writes, write_image, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
+use support::proc::Proc;
+use support::qemu::{
+    failure_list, log_section, mqblk_serve, park_miller, read_lossy, report_line, result_failure,
+    seed_from_env, word_value, GuestBoot, Qemu, WorkDir, PARK_MILLER_M,
+};
 
 /// Image size in 512-byte sectors (64 MiB).
 const IMAGE_SECTORS: u64 = 128 * 1024;
@@ -35,54 +43,30 @@ const SECTOR: usize = 512;
 const QUEUES: usize = 2;
 /// Whole guest run, boot to power-off; it takes about 10 s under TCG on 2 cores.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// For the backend to create its socket.
-const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
-/// For the backend to exit after SIGTERM.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Prefix of the guest's report lines on its console.
-const MARK: &str = "MQBLK-GUEST: ";
-#[path = "support/proc.rs"]
-mod proc;
-use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
-
-const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
-    busybox-static and the guest kernel";
 
 #[test]
 fn guest_writes_and_reads_back_through_vhost_user_blk() {
     let started = Instant::now();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let guest_dir = repo.join("target/guest");
-    let kernel = guest_dir.join("vmlinuz");
-    assert!(
-        kernel.is_file(),
-        "guest kernel {} is missing: {SETUP_HINT}",
-        kernel.display()
-    );
-    let qemu_version = tool_version("qemu-system-x86_64");
-    let initramfs = build_initramfs(repo, "tests/guest/mkinitramfs.sh");
+    let boot = GuestBoot::prepare("tests/guest/mkinitramfs.sh");
     let backend = BackendKind::from_env();
     let seed = seed_from_env();
 
     let run = Run::new(seed);
     eprintln!(
-        "guest test: {qemu_version}; backend {backend:?}; seed {seed}; work dir {}",
-        run.dir.display()
+        "guest test: {}; backend {backend:?}; seed {seed}; work dir {}",
+        boot.qemu_version,
+        run.dir.path.display()
     );
 
-    let image = fs::File::create(&run.image).expect("create the disk image");
-    image
-        .set_len(IMAGE_SECTORS * SECTOR as u64)
-        .expect("size the disk image");
-    drop(image);
+    write_image(&run.dir.image, IMAGE_SECTORS * SECTOR as u64, None);
 
     let mut server = run.start_backend(backend);
-    if let Err(e) = wait_for_socket(&mut server, &run.socket) {
+    if let Err(e) = server.wait_for_socket(&run.dir.socket, STARTUP_TIMEOUT, || true) {
         run.fail(&[e]);
     }
 
     let qemu_started = Instant::now();
-    let mut qemu = run.start_qemu(&kernel, &initramfs);
+    let mut qemu = run.start_qemu(&boot);
     let qemu_status = match qemu.wait_timeout(GUEST_TIMEOUT) {
         Ok(Some(status)) => status,
         Ok(None) => {
@@ -114,13 +98,13 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
 
     // Every write the guest saw complete must be in the file while the backend still runs, and
     // must still be there after it has shut down.
-    let image_before = check_image(&run.image, seed);
+    let image_before = check_image(&run.dir.image, seed);
     let image_ok = image_before.is_empty();
     failures.extend(image_before);
-    failures.extend(stop_backend(&mut server));
+    failures.extend(server.terminate(SHUTDOWN_TIMEOUT));
     if image_ok {
         failures.extend(
-            check_image(&run.image, seed)
+            check_image(&run.dir.image, seed)
                 .into_iter()
                 .map(|f| format!("after the backend exited: {f}")),
         );
@@ -154,40 +138,10 @@ impl BackendKind {
     }
 }
 
-fn seed_from_env() -> u64 {
-    match std::env::var("MQBLK_GUEST_SEED") {
-        Ok(s) => {
-            let seed: u64 = s
-                .parse()
-                .unwrap_or_else(|e| panic!("MQBLK_GUEST_SEED={s:?}: {e}"));
-            assert!(
-                (1..PARK_MILLER_M - 1).contains(&seed),
-                "MQBLK_GUEST_SEED={seed}: must be in 1..={}",
-                PARK_MILLER_M - 2
-            );
-            seed
-        }
-        Err(_) => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            (nanos ^ (u64::from(std::process::id()) << 20)) % (PARK_MILLER_M - 2) + 1
-        }
-    }
-}
-
-/// The files of one test run, all in a temporary directory, which is deleted at the end unless
-/// the test failed.
+/// One test run: its files, in a [`WorkDir`], and its seed.
 struct Run {
-    tmp: Option<tempfile::TempDir>,
-    keep: std::cell::Cell<bool>,
-    dir: PathBuf,
+    dir: WorkDir,
     seed: u64,
-    image: PathBuf,
-    socket: PathBuf,
-    console: PathBuf,
-    qemu_log: PathBuf,
     backend_log: PathBuf,
     /// mqblk's `--stats-file`.
     stats: PathBuf,
@@ -195,269 +149,105 @@ struct Run {
 
 impl Run {
     fn new(seed: u64) -> Self {
-        let tmp = tempfile::Builder::new()
-            .prefix("mqblk-guest.")
-            .tempdir()
-            .expect("create a temporary directory for the image and socket");
-        let dir = tmp.path();
-        let socket = dir.join("vub.sock");
-        // sun_path holds 108 bytes, and mqblk's `--export` takes comma-separated keys.
-        assert!(
-            socket.as_os_str().len() < 100,
-            "socket path {} is too long for a unix socket; set TMPDIR to a shorter directory",
-            socket.display()
-        );
-        assert!(
-            !dir.to_string_lossy().contains(','),
-            "temporary directory {} contains a comma; set TMPDIR to another directory",
-            dir.display()
-        );
+        let dir = WorkDir::new("mqblk-guest.");
         Run {
-            dir: dir.to_path_buf(),
-            keep: std::cell::Cell::new(false),
             seed,
-            image: dir.join("disk.img"),
-            socket,
-            console: dir.join("console.log"),
-            qemu_log: dir.join("qemu.log"),
-            backend_log: dir.join("backend.log"),
-            stats: dir.join("stats.json"),
-            tmp: Some(tmp),
+            backend_log: dir.path.join("backend.log"),
+            stats: dir.path.join("stats.json"),
+            dir,
         }
     }
 
-    fn log_file(&self, path: &Path) -> fs::File {
-        fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
-    }
-
-    /// Starts the backend serving `self.image` on `self.socket`, stderr and stdout to
+    /// Starts the backend serving the image on the socket, stderr and stdout to
     /// `self.backend_log`.
     fn start_backend(&self, kind: BackendKind) -> Proc {
-        let log = self.log_file(&self.backend_log);
-        let log2 = log.try_clone().expect("duplicate the backend log's fd");
-        let mut cmd = match kind {
+        let (name, mut cmd) = match kind {
             BackendKind::Mqblk => {
-                let mut cmd = Command::new(env!("CARGO_BIN_EXE_mqblk"));
-                // The log goes to a file, which is printed when the test fails: no ANSI colours.
-                cmd.env("NO_COLOR", "1");
-                cmd.arg("serve")
-                    .arg("--export")
-                    .arg(format!(
-                        "socket={},path={},queues={QUEUES}",
-                        self.socket.display(),
-                        self.image.display()
-                    ))
-                    .arg("--stats-file")
-                    .arg(&self.stats);
-                cmd
+                let mut cmd =
+                    mqblk_serve(Path::new(env!("CARGO_BIN_EXE_mqblk")), &self.dir, QUEUES);
+                cmd.arg("--stats-file").arg(&self.stats);
+                ("mqblk", cmd)
             }
             BackendKind::Qsd => {
                 let mut cmd = Command::new("qemu-storage-daemon");
                 cmd.arg("--blockdev")
                     .arg(format!(
                         "driver=file,node-name=file0,filename={},cache.direct=on",
-                        self.image.display()
+                        self.dir.image.display()
                     ))
                     .arg("--export")
                     .arg(format!(
                         "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,\
                          addr.path={},writable=on,num-queues={QUEUES}",
-                        self.socket.display()
+                        self.dir.socket.display()
                     ));
-                cmd
+                ("qemu-storage-daemon", cmd)
             }
         };
-        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
-        let name = match kind {
-            BackendKind::Mqblk => "mqblk",
-            BackendKind::Qsd => "qemu-storage-daemon",
-        };
-        Proc::spawn(name.into(), &mut cmd)
+        Proc::spawn_logged(name.into(), &mut cmd, &self.backend_log)
     }
 
-    /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
-    fn start_qemu(&self, kernel: &Path, initramfs: &Path) -> Proc {
+    fn start_qemu(&self, boot: &GuestBoot) -> Proc {
         let append = format!(
             "console=ttyS0 panic=-1 loglevel=4 mqblk.seed={} mqblk.expect_queues={QUEUES}",
             self.seed
         );
-        spawn_qemu(Qemu {
-            smp: 2,
-            cpu: None,
-            socket: &self.socket,
-            chardev_extra: String::new(),
-            queues: QUEUES,
-            console: &self.console,
-            kernel,
-            initramfs,
-            append,
-            log: self.log_file(&self.qemu_log),
-        })
+        boot.spawn_qemu(
+            &self.dir,
+            Qemu {
+                smp: 2,
+                cpu: None,
+                chardev_extra: String::new(),
+                queues: QUEUES,
+                append,
+            },
+        )
     }
 
     fn console(&self) -> String {
-        read_lossy(&self.console)
+        read_lossy(&self.dir.console)
     }
 
     /// Panics with `failures` and everything needed to debug them; keeps the work directory.
     fn fail(&self, failures: &[String]) -> ! {
-        let mut msg = String::from("guest end-to-end test failed:\n");
-        for f in failures {
-            msg.push_str(&format!("  - {f}\n"));
-        }
+        let mut msg = failure_list("guest end-to-end test failed", failures);
         for (what, path) in [
-            ("guest console", &self.console),
-            ("QEMU output", &self.qemu_log),
+            ("guest console", &self.dir.console),
+            ("QEMU output", &self.dir.qemu_log),
             ("backend log", &self.backend_log),
         ] {
-            msg.push_str(&format!(
-                "----- {what} ({}) -----\n{}\n",
-                path.display(),
-                tail(&read_lossy(path), 200)
-            ));
+            msg.push_str(&log_section(what, path, 200));
         }
-        msg.push_str(&format!(
-            "----- end; seed {} (rerun with MQBLK_GUEST_SEED={}); image and logs kept in {} -----",
-            self.seed,
-            self.seed,
-            self.dir.display()
-        ));
-        self.keep.set(true);
+        msg.push_str(&self.dir.keep_for(self.seed));
         panic!("{msg}");
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        if let Some(tmp) = self.tmp.take() {
-            if self.keep.get() {
-                let _ = tmp.keep();
-            }
-        }
-    }
-}
-
-fn read_lossy(path: &Path) -> String {
-    match fs::read(path) {
-        Ok(bytes) => String::from_utf8_lossy(&bytes).replace('\r', ""),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => "<not created>".to_string(),
-        Err(e) => format!("<cannot read {}: {e}>", path.display()),
-    }
-}
-
-/// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    let skip = lines.len().saturating_sub(n);
-    let mut out = String::new();
-    if skip > 0 {
-        out.push_str(&format!("[... {skip} lines left out ...]\n"));
-    }
-    out.push_str(&lines[skip..].join("\n"));
-    out
-}
-
-/// Waits until the backend has created its socket; fails early if the backend exits.
-fn wait_for_socket(server: &mut Proc, socket: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + SOCKET_TIMEOUT;
-    loop {
-        if let Ok(meta) = fs::metadata(socket) {
-            if meta.file_type().is_socket() {
-                return Ok(());
-            }
-            return Err(format!("{} exists but is not a socket", socket.display()));
-        }
-        match server.try_wait() {
-            Ok(Some(status)) => {
-                return Err(format!(
-                    "{} exited ({status}) before creating its socket {}",
-                    server.name,
-                    socket.display()
-                ))
-            }
-            Ok(None) => {}
-            Err(e) => return Err(format!("waiting for {}: {e}", server.name)),
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{} did not create its socket {} within {SOCKET_TIMEOUT:?}",
-                server.name,
-                socket.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Sends SIGTERM to the backend and expects a clean exit (status 0) within `EXIT_TIMEOUT`.
-fn stop_backend(server: &mut Proc) -> Vec<String> {
-    let name = server.name.clone();
-    match server.try_wait() {
-        Ok(Some(status)) => {
-            return vec![format!(
-                "{name} exited on its own ({status}) before the test sent SIGTERM"
-            )]
-        }
-        Ok(None) => {}
-        Err(e) => return vec![format!("checking on {name}: {e}")],
-    }
-    if let Err(e) = server.signal(libc::SIGTERM) {
-        return vec![format!("sending SIGTERM to {name}: {e}")];
-    }
-    match server.wait_timeout(EXIT_TIMEOUT) {
-        Ok(Some(status)) if status.success() => vec![],
-        Ok(Some(status)) => vec![format!("{name} exited with {status} after SIGTERM")],
-        Ok(None) => {
-            server.kill();
-            vec![format!(
-                "{name} did not exit within {EXIT_TIMEOUT:?} of SIGTERM (killed it)"
-            )]
-        }
-        Err(e) => vec![format!("waiting for {name} after SIGTERM: {e}")],
     }
 }
 
 /// Checks the guest's `MQBLK-GUEST:` lines; returns what is wrong.
 fn check_guest_report(console: &str) -> Vec<String> {
-    // The kernel may print on the same console; the marker can follow other output on a line.
-    let report: Vec<&str> = console
-        .lines()
-        .filter_map(|l| l.find(MARK).map(|i| l[i + MARK.len()..].trim()))
-        .collect();
+    let report: Vec<&str> = console.lines().filter_map(report_line).collect();
     if report.is_empty() {
         return vec![
             "the guest printed no MQBLK-GUEST lines (did the kernel boot and run /init?)".into(),
         ];
     }
-    let results: Vec<&str> = report
-        .iter()
-        .filter_map(|l| l.strip_prefix("RESULT "))
-        .collect();
     // The guest stops at its first failure, so there is no point in listing what is missing.
-    match results.as_slice() {
-        ["PASS"] => {}
-        [] => return vec!["the guest printed no RESULT line (it crashed or hung)".into()],
-        [one] => return vec![format!("the guest reported: RESULT {one}")],
-        many => return vec![format!("the guest printed several RESULT lines: {many:?}")],
+    if let Some(f) = result_failure(report.iter().copied()) {
+        return vec![f];
     }
     // It passed: check that it really did everything, and what it saw.
     let mut failures = Vec::new();
-    // `key=value` words of all report lines.
-    let value = |key: &str| {
-        report
-            .iter()
-            .flat_map(|l| l.split_whitespace())
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-    };
+    // A `key=N` word of any report line.
+    let value = |key: &str| report.iter().find_map(|l| word_value(l, key));
     match value("queues") {
-        Some(q) if q == QUEUES.to_string() => {}
+        Some(q) if q == QUEUES as u64 => {}
         Some(q) => failures.push(format!(
             "the guest saw {q} queues on vda, expected {QUEUES}"
         )),
         None => failures.push("the guest did not report its queue count".into()),
     }
     match value("size-sectors") {
-        Some(s) if s == IMAGE_SECTORS.to_string() => {}
+        Some(s) if s == IMAGE_SECTORS => {}
         Some(s) => failures.push(format!(
             "the guest saw a disk of {s} sectors, expected {IMAGE_SECTORS}"
         )),
@@ -499,28 +289,13 @@ fn check_write_through(console: &str, stats: &Path) -> Vec<String> {
     if !console.contains("MQBLK-GUEST: write-through t=") {
         return vec!["the guest did not switch the disk to write-through (see its report)".into()];
     }
-    // The stats file is rewritten every 100 ms.
-    std::thread::sleep(Duration::from_millis(300));
-    let text = match fs::read_to_string(stats) {
-        Ok(t) => t,
-        Err(e) => {
-            return vec![format!(
-                "reading mqblk's stats file {}: {e}",
-                stats.display()
-            )]
-        }
-    };
-    let v: serde_json::Value = match serde_json::from_str(&text) {
-        Ok(v) => v,
-        Err(e) => return vec![format!("mqblk's stats file: {e}: {text}")],
-    };
-    match v["exports"][0]["sync_writes"].as_u64() {
-        Some(n) if n >= 64 => vec![],
-        Some(n) => vec![format!(
+    match stats_sync_writes(stats) {
+        Ok(n) if n >= 64 => vec![],
+        Ok(n) => vec![format!(
             "after the guest chose write-through, mqblk wrote only {n} requests with RWF_DSYNC \
              (expected at least 64)"
         )],
-        None => vec![format!("no sync_writes in mqblk's stats file: {text}")],
+        Err(e) => vec![e],
     }
 }
 
@@ -543,12 +318,6 @@ fn layout(sectors: u64) -> Vec<(&'static str, u64, u64, Content)> {
         ("gap B-C", 24576, c - 24576, Content::Zeros),
         ("C", c, 2048, Content::Pattern),
     ]
-}
-
-const PARK_MILLER_M: u64 = 2_147_483_647;
-
-fn park_miller(v: u64) -> u64 {
-    v * 16807 % PARK_MILLER_M
 }
 
 /// The guest's data pattern; a copy of `gen_pattern` in tests/guest/init (which documents it).

@@ -51,16 +51,24 @@
 //! - `MQBLK_GUEST_KEEP=1`: keep the work directory (image, console, logs) even when the test
 //!   passes.
 
+mod support;
+
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
+use support::proc::Proc;
+use support::qemu::{
+    failure_list, log_section, mqblk_serve, read_lossy, report_line, result_failure, seed_from_env,
+    tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
+};
+use support::rng::XorShift;
 
 /// Image size in MiB.
 const IMAGE_MB: u64 = 160;
-const MIB: u64 = 1 << 20;
 /// Queues of the vhost-user-blk device (and of the backend's export); also the vCPUs.
 const QUEUES: usize = 2;
 /// fio jobs in the guest, two per vCPU (so per queue): while one waits for its flush, the other
@@ -108,14 +116,8 @@ const RECONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Whole guest run, boot to power-off (about 45-90 s under TCG on 2 busy cores).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
-/// For the backend to create its socket.
-const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
-/// For the backend to exit after SIGTERM.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the console and logs are polled.
 const POLL: Duration = Duration::from_millis(20);
-/// Prefix of the guest's report lines on its console.
-const MARK: &str = "MQBLK-GUEST: ";
 /// Guest kernel messages that mean the disk is broken (the console shows only warnings and
 /// worse: loglevel=4).
 const KERNEL_TROUBLE: &[&str] = &[
@@ -127,49 +129,33 @@ const KERNEL_TROUBLE: &[&str] = &[
     "BUG:",
     "Oops",
 ];
-#[path = "support/proc.rs"]
-mod proc;
-use proc::{build_initramfs, spawn_qemu, tool_version, Proc, Qemu};
-
-const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
-    busybox-static, fio and the guest kernel";
-
 #[test]
 fn guest_survives_backend_sigkill_and_restart() {
     let started = Instant::now();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let guest_dir = repo.join("target/guest");
-    let kernel = guest_dir.join("vmlinuz");
-    assert!(
-        kernel.is_file(),
-        "guest kernel {} is missing: {SETUP_HINT}",
-        kernel.display()
-    );
-    let qemu_version = tool_version("qemu-system-x86_64");
-    let initramfs = build_initramfs(repo, "tests/guest/mkinitramfs-fio.sh");
+    let boot = GuestBoot::prepare("tests/guest/mkinitramfs-fio.sh");
     let seed = seed_from_env();
     let kills = kills_from_env();
     let mqblk = mqblk_from_env();
 
     let mut run = Run::new(seed, mqblk);
     eprintln!(
-        "guest reconnect test: {qemu_version}; backend {}; seed {seed}; {kills} kills; work dir {}",
+        "guest reconnect test: {}; backend {}; seed {seed}; {kills} kills; work dir {}",
+        boot.qemu_version,
         run.mqblk.display(),
-        run.dir.display()
+        run.dir.path.display()
     );
 
-    let image = fs::File::create(&run.image).expect("create the disk image");
-    image.set_len(IMAGE_MB * MIB).expect("size the disk image");
-    drop(image);
+    write_image(&run.dir.image, IMAGE_MB * MIB, None);
 
     run.start_backend();
     if let Err(e) = run.wait_for_socket() {
         run.fail(&[e]);
     }
-    let qemu = run.start_qemu(&kernel, &initramfs);
-    let mut watch = Watch::new(qemu, &run.console);
+    let qemu = run.start_qemu(&boot);
+    let mut watch = Watch::new(qemu, &run.dir.console);
 
     // The kills.
+    // The kill schedule, reproducible from the seed.
     let mut rng = XorShift::new(seed);
     let mut failures = Vec::new();
     if let Err(e) = kill_and_restart(&mut run, &mut watch, &mut rng, kills) {
@@ -177,7 +163,7 @@ fn guest_survives_backend_sigkill_and_restart() {
     }
     // Let the guest finish its workload.
     if failures.is_empty() {
-        if let Err(e) = write_stop_marker(&run.image) {
+        if let Err(e) = write_stop_marker(&run.dir.image) {
             failures.push(e);
         }
         watch.event("stop marker written".into());
@@ -217,13 +203,13 @@ fn guest_survives_backend_sigkill_and_restart() {
         // and must still be there after it has shut down.
         let md5s = guest_md5s(&watch);
         let passes = watch.value("workload-done", "passes").unwrap_or(0);
-        let image_before = check_image(&run.image, seed, passes, &md5s);
+        let image_before = check_image(&run.dir.image, seed, passes, &md5s);
         let image_ok = image_before.is_empty();
         failures.extend(image_before);
         failures.extend(run.stop_backend());
         if image_ok {
             failures.extend(
-                check_image(&run.image, seed, passes, &md5s)
+                check_image(&run.dir.image, seed, passes, &md5s)
                     .into_iter()
                     .map(|f| format!("after the backend exited: {f}")),
             );
@@ -439,8 +425,9 @@ impl Watch {
         for line in self.console[self.parsed..complete].split_inclusive('\n') {
             let start = offset;
             offset += line.len();
-            let Some(i) = line.find(MARK) else { continue };
-            let text = line[i + MARK.len()..].trim().to_string();
+            let Some(text) = report_line(line).map(str::to_string) else {
+                continue;
+            };
             if let Some(s) = parse_sample(&text, start) {
                 if s.ios != self.progress.1 {
                     self.progress = (Instant::now(), s.ios);
@@ -577,26 +564,11 @@ fn parse_sample(text: &str, offset: usize) -> Option<Sample> {
     })
 }
 
-/// The number in a `key=N` word of `line`.
-fn word_value(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|v| v.parse().ok())
-}
-
 /// Checks the guest's report after RESULT PASS; returns what is wrong.
 fn check_guest_report(w: &Watch, kills: &[Kill]) -> Vec<String> {
     let mut failures = Vec::new();
-    let results: Vec<&str> = w
-        .report
-        .iter()
-        .filter_map(|(_, l)| l.strip_prefix("RESULT "))
-        .collect();
-    match results.as_slice() {
-        ["PASS"] => {}
-        [] => return vec!["the guest printed no RESULT line (it crashed or hung)".into()],
-        [one] => return vec![format!("the guest reported: RESULT {one}")],
-        many => return vec![format!("the guest printed several RESULT lines: {many:?}")],
+    if let Some(f) = result_failure(w.report.iter().map(|(_, l)| l.as_str())) {
+        return vec![f];
     }
     match w.value("queues=", "queues") {
         Some(q) if q == QUEUES as u64 => {}
@@ -835,31 +807,6 @@ fn md5_hex(data: &[u8]) -> Result<String, String> {
         .ok_or_else(|| "md5sum printed nothing".into())
 }
 
-const PARK_MILLER_M: u64 = 2_147_483_647;
-
-fn seed_from_env() -> u64 {
-    match std::env::var("MQBLK_GUEST_SEED") {
-        Ok(s) => {
-            let seed: u64 = s
-                .parse()
-                .unwrap_or_else(|e| panic!("MQBLK_GUEST_SEED={s:?}: {e}"));
-            assert!(
-                (1..PARK_MILLER_M - 1).contains(&seed),
-                "MQBLK_GUEST_SEED={seed}: must be in 1..={}",
-                PARK_MILLER_M - 2
-            );
-            seed
-        }
-        Err(_) => {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            (nanos ^ (u64::from(std::process::id()) << 20)) % (PARK_MILLER_M - 2) + 1
-        }
-    }
-}
-
 fn kills_from_env() -> usize {
     match std::env::var("MQBLK_RECONNECT_KILLS") {
         Ok(s) => s
@@ -884,85 +831,30 @@ fn mqblk_from_env() -> PathBuf {
     }
 }
 
-/// xorshift64*, for the kill schedule (reproducible from the seed).
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [lo, hi].
-    fn range(&mut self, (lo, hi): (u64, u64)) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
 /// One mqblk process (an incarnation of the backend).
 struct Backend {
     proc: Proc,
     log: PathBuf,
 }
 
-/// The files and processes of one test run, in a temporary directory, which is deleted at the
-/// end unless the test failed.
+/// One test run: its files, in a [`WorkDir`], and its processes.
 struct Run {
-    tmp: Option<tempfile::TempDir>,
-    keep: bool,
-    dir: PathBuf,
+    dir: WorkDir,
     seed: u64,
     mqblk: PathBuf,
-    image: PathBuf,
-    socket: PathBuf,
-    console: PathBuf,
-    qemu_log: PathBuf,
     backends: Vec<Backend>,
     kills: Vec<Kill>,
 }
 
 impl Run {
     fn new(seed: u64, mqblk: PathBuf) -> Self {
-        let tmp = tempfile::Builder::new()
-            .prefix("mqblk-reconnect.")
-            .tempdir()
-            .expect("create a temporary directory for the image and socket");
-        let dir = tmp.path();
-        let socket = dir.join("vub.sock");
-        // sun_path holds 108 bytes, and mqblk's `--export` takes comma-separated keys.
-        assert!(
-            socket.as_os_str().len() < 100,
-            "socket path {} is too long for a unix socket; set TMPDIR to a shorter directory",
-            socket.display()
-        );
-        assert!(
-            !dir.to_string_lossy().contains(','),
-            "temporary directory {} contains a comma; set TMPDIR to another directory",
-            dir.display()
-        );
         Run {
-            dir: dir.to_path_buf(),
-            keep: std::env::var_os("MQBLK_GUEST_KEEP").is_some_and(|v| v == "1"),
+            dir: WorkDir::new("mqblk-reconnect."),
             seed,
             mqblk,
-            image: dir.join("disk.img"),
-            socket,
-            console: dir.join("console.log"),
-            qemu_log: dir.join("qemu.log"),
             backends: Vec::new(),
             kills: Vec::new(),
-            tmp: Some(tmp),
         }
-    }
-
-    fn log_file(&self, path: &Path) -> fs::File {
-        fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
     }
 
     fn backend_name(&self) -> String {
@@ -972,27 +864,14 @@ impl Run {
         }
     }
 
-    /// Starts a new mqblk serving `self.image` on `self.socket` (replacing a stale socket),
-    /// its output to backend-N.log.
+    /// Starts a new mqblk serving the image on the socket (replacing a stale socket), its
+    /// output to backend-N.log.
     fn start_backend(&mut self) {
         let n = self.backends.len();
-        let log_path = self.dir.join(format!("backend-{n}.log"));
-        let log = self.log_file(&log_path);
-        let log2 = log.try_clone().expect("duplicate the backend log's fd");
-        let mut cmd = Command::new(&self.mqblk);
-        // The log goes to a file, which is printed when the test fails: no ANSI colours.
-        cmd.env("NO_COLOR", "1");
-        cmd.arg("serve").arg("--export").arg(format!(
-            "socket={},path={},queues={QUEUES}",
-            self.socket.display(),
-            self.image.display()
-        ));
-        cmd.stdin(Stdio::null()).stdout(log2).stderr(log);
-        let proc = Proc::spawn(format!("mqblk #{n}"), &mut cmd);
-        self.backends.push(Backend {
-            proc,
-            log: log_path,
-        });
+        let log = self.dir.path.join(format!("backend-{n}.log"));
+        let mut cmd = mqblk_serve(&self.mqblk, &self.dir, QUEUES);
+        let proc = Proc::spawn_logged(format!("mqblk #{n}"), &mut cmd, &log);
+        self.backends.push(Backend { proc, log });
     }
 
     fn signal_backend(&mut self, sig: libc::c_int) -> Result<(), String> {
@@ -1010,70 +889,24 @@ impl Run {
 
     /// Waits until the current backend listens on the socket; fails early if it exits.
     fn wait_for_socket(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + SOCKET_TIMEOUT;
         let b = self.backends.last_mut().expect("a backend was started");
-        loop {
-            // A stale socket of a killed backend is there too: also wait for the log line.
-            let listening = fs::metadata(&self.socket).is_ok_and(|m| m.file_type().is_socket())
-                && read_lossy(&b.log).contains("export ready");
-            if listening {
-                return Ok(());
-            }
-            match b.proc.try_wait() {
-                Ok(Some(status)) => {
-                    return Err(format!(
-                        "{} exited ({status}) before listening on {}",
-                        b.proc.name,
-                        self.socket.display()
-                    ))
-                }
-                Ok(None) => {}
-                Err(e) => return Err(format!("waiting for {}: {e}", b.proc.name)),
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} did not listen on {} within {SOCKET_TIMEOUT:?}",
-                    b.proc.name,
-                    self.socket.display()
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
+        let log = &b.log;
+        // A stale socket of a killed backend is there too: also wait for the log line.
+        b.proc
+            .wait_for_socket(&self.dir.socket, STARTUP_TIMEOUT, || {
+                read_lossy(log).contains("export ready")
+            })
     }
 
     /// Sends SIGTERM to the current backend and expects a clean exit (status 0).
     fn stop_backend(&mut self) -> Vec<String> {
-        let Some(b) = self.backends.last_mut() else {
-            return vec!["no backend to stop".into()];
-        };
-        let name = b.proc.name.clone();
-        match b.proc.try_wait() {
-            Ok(Some(status)) => {
-                return vec![format!(
-                    "{name} exited on its own ({status}) before the test sent SIGTERM"
-                )]
-            }
-            Ok(None) => {}
-            Err(e) => return vec![format!("checking on {name}: {e}")],
-        }
-        if let Err(e) = b.proc.signal(libc::SIGTERM) {
-            return vec![format!("sending SIGTERM to {name}: {e}")];
-        }
-        match b.proc.wait_timeout(EXIT_TIMEOUT) {
-            Ok(Some(status)) if status.success() => vec![],
-            Ok(Some(status)) => vec![format!("{name} exited with {status} after SIGTERM")],
-            Ok(None) => {
-                b.proc.kill();
-                vec![format!(
-                    "{name} did not exit within {EXIT_TIMEOUT:?} of SIGTERM (killed it)"
-                )]
-            }
-            Err(e) => vec![format!("waiting for {name} after SIGTERM: {e}")],
+        match self.backends.last_mut() {
+            Some(b) => b.proc.terminate(SHUTDOWN_TIMEOUT),
+            None => vec!["no backend to stop".into()],
         }
     }
 
-    /// Starts QEMU: serial console to `self.console`, QEMU's own output to `self.qemu_log`.
-    fn start_qemu(&self, kernel: &Path, initramfs: &Path) -> Proc {
+    fn start_qemu(&self, boot: &GuestBoot) -> Proc {
         let append = format!(
             "console=ttyS0 panic=-1 loglevel=4 mqblk.seed={} mqblk.expect_queues={QUEUES} \
              mqblk.jobs={JOBS} mqblk.fio_offset_mb={FIO_OFFSET_MB} \
@@ -1083,19 +916,17 @@ impl Run {
         // reconnect-ms: when the backend goes away, QEMU retries the socket at this
         // interval and, once connected, sets the device up again (with the in-flight
         // region, where the backend offers VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD).
-        spawn_qemu(Qemu {
-            smp: QUEUES,
-            // SSE4.2 and friends: fio and the kernel use them where they can.
-            cpu: Some("max"),
-            socket: &self.socket,
-            chardev_extra: format!(",reconnect-ms={RECONNECT_MS}"),
-            queues: QUEUES,
-            console: &self.console,
-            kernel,
-            initramfs,
-            append,
-            log: self.log_file(&self.qemu_log),
-        })
+        boot.spawn_qemu(
+            &self.dir,
+            Qemu {
+                smp: QUEUES,
+                // SSE4.2 and friends: fio and the kernel use them where they can.
+                cpu: Some("max"),
+                chardev_extra: format!(",reconnect-ms={RECONNECT_MS}"),
+                queues: QUEUES,
+                append,
+            },
+        )
     }
 
     /// Kills, in flight, durations: printed on success and on failure.
@@ -1196,17 +1027,14 @@ impl Run {
 
     /// Panics with `failures` and everything needed to debug them; keeps the work directory.
     fn fail_with(&mut self, failures: &[String], summary: &str, w: &Watch) -> ! {
-        let mut msg = String::from("guest reconnect test failed:\n");
-        for f in failures {
-            msg.push_str(&format!("  - {f}\n"));
-        }
+        let mut msg = failure_list("guest reconnect test failed", failures);
         msg.push_str(&format!("----- kills -----\n{summary}"));
         msg.push_str("----- timeline (since QEMU started) -----\n");
         for (at, what) in &w.events {
             msg.push_str(&format!("  +{:.2} s {what}\n", at.as_secs_f64()));
         }
         // The console without most sampler lines (they are in the file).
-        let console = read_lossy(&self.console);
+        let console = read_lossy(&self.dir.console);
         let lines: Vec<&str> = console.lines().collect();
         let last_samples: Vec<usize> = lines
             .iter()
@@ -1228,58 +1056,37 @@ impl Run {
             .collect();
         msg.push_str(&format!(
             "----- guest console ({}; sampler lines but the last 15 left out) -----\n{}\n",
-            self.console.display(),
+            self.dir.console.display(),
             tail(&filtered.join("\n"), 120)
         ));
-        msg.push_str(&format!(
-            "----- QEMU output ({}) -----\n{}\n",
-            self.qemu_log.display(),
-            tail(&read_lossy(&self.qemu_log), 40)
-        ));
-        for (i, b) in self.backends.iter().enumerate() {
-            msg.push_str(&format!(
-                "----- backend {i} log ({}) -----\n{}\n",
-                b.log.display(),
-                tail(&read_lossy(&b.log), 30)
-            ));
-        }
-        msg.push_str(&format!(
-            "----- end; seed {} (rerun with MQBLK_GUEST_SEED={}); image and logs kept in {} -----",
-            self.seed,
-            self.seed,
-            self.dir.display()
-        ));
-        self.keep = true;
+        msg.push_str(&log_section("QEMU output", &self.dir.qemu_log, 40));
+        msg.push_str(&self.backend_logs());
+        msg.push_str(&self.dir.keep_for(self.seed));
         panic!("{msg}");
     }
 
     /// Fails before QEMU has started.
     fn fail(&mut self, failures: &[String]) -> ! {
-        let mut msg = String::from("guest reconnect test failed:\n");
-        for f in failures {
-            msg.push_str(&format!("  - {f}\n"));
-        }
-        for (i, b) in self.backends.iter().enumerate() {
-            msg.push_str(&format!(
-                "----- backend {i} log ({}) -----\n{}\n",
-                b.log.display(),
-                tail(&read_lossy(&b.log), 30)
-            ));
-        }
-        self.keep = true;
+        let mut msg = failure_list("guest reconnect test failed", failures);
+        msg.push_str(&self.backend_logs());
+        msg.push_str(&self.dir.keep_for(self.seed));
         panic!("{msg}");
+    }
+
+    /// The end of each backend's log, for a failure report.
+    fn backend_logs(&self) -> String {
+        self.backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| log_section(&format!("backend {i} log"), &b.log, 30))
+            .collect()
     }
 }
 
 impl Drop for Run {
     fn drop(&mut self) {
-        // Processes first (Proc's drop kills them), then the directory.
+        // The processes before the directory (Proc's drop kills them).
         self.backends.clear();
-        if let Some(tmp) = self.tmp.take() {
-            if self.keep {
-                let _ = tmp.keep();
-            }
-        }
     }
 }
 
@@ -1288,26 +1095,6 @@ fn guest_t(line: &str) -> Option<f64> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix("t="))
         .and_then(|v| v.parse().ok())
-}
-
-fn read_lossy(path: &Path) -> String {
-    match fs::read(path) {
-        Ok(bytes) => String::from_utf8_lossy(&bytes).replace('\r', ""),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => "<not created>".to_string(),
-        Err(e) => format!("<cannot read {}: {e}>", path.display()),
-    }
-}
-
-/// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    let skip = lines.len().saturating_sub(n);
-    let mut out = String::new();
-    if skip > 0 {
-        out.push_str(&format!("[... {skip} lines left out ...]\n"));
-    }
-    out.push_str(&lines[skip..].join("\n"));
-    out
 }
 
 /// The host's image check must accept what the guest's fio writes and reject what it does not.

@@ -1,21 +1,20 @@
 //! A hostile frontend against the real daemon.
 //!
-//! The frontend here speaks vhost-user itself, byte by byte over the unix socket (SCM_RIGHTS for
-//! the memfd and eventfds), so that it can send what no well-behaved library would: garbage,
-//! out-of-range indices, sizes and addresses. It shares a memfd as guest memory (two regions
-//! with a hole between them), writes the descriptor table, avail ring and requests by hand,
-//! kicks, and reads the used ring. Guest memory is filled with a canary first and a shadow copy
-//! is kept, so after every request the test checks that the daemon wrote exactly what it should
-//! (the status byte, the read data, the used ring) and nothing else.
+//! The frontend (tests/support/frontend.rs) sets the device up with the vhost crate's Frontend
+//! and sends what no well-behaved library would (garbage, out-of-range indices, sizes and
+//! addresses) as raw bytes on the same socket. It writes the descriptor table, avail ring and
+//! requests by hand into guest memory that is filled with a canary and shadowed, so after every
+//! request the test checks that the daemon wrote exactly what it should (the status byte, the
+//! read data, the used ring) and nothing else.
 //!
 //! Each bad input must get its exact answer, and the queue (or, for protocol errors, the next
 //! connection) must keep working; a second export in the same daemon is driven by a libblkio
 //! client for the whole test and must see no error.
-mod common;
+mod support;
 
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,639 +22,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::*;
-use mqblk_client::{check_pattern, fill_pattern, Client, ConnectOptions};
+use mqblk_client::{fill_pattern, Client, ConnectOptions};
+use support::daemon::*;
+use support::frontend::*;
+use support::mem::memfd;
+use support::rng::XorShift;
+use vhost::vhost_user::message::{
+    FrontendReq, VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserInflight,
+    VhostUserProtocolFeatures,
+};
+use vhost::vhost_user::VhostUserFrontend;
+use vhost::VhostBackend;
 use vmm_sys_util::eventfd::EventFd;
-
-// ---------------------------------------------------------------------------------------------
-// vhost-user, by hand
-// ---------------------------------------------------------------------------------------------
-
-const GET_FEATURES: u32 = 1;
-const SET_FEATURES: u32 = 2;
-const SET_OWNER: u32 = 3;
-const SET_MEM_TABLE: u32 = 5;
-const SET_VRING_NUM: u32 = 8;
-const SET_VRING_ADDR: u32 = 9;
-const SET_VRING_BASE: u32 = 10;
-const GET_VRING_BASE: u32 = 11;
-const SET_VRING_KICK: u32 = 12;
-const SET_VRING_CALL: u32 = 13;
-const GET_PROTOCOL_FEATURES: u32 = 15;
-const SET_PROTOCOL_FEATURES: u32 = 16;
-const GET_QUEUE_NUM: u32 = 17;
-const SET_VRING_ENABLE: u32 = 18;
-const GET_CONFIG: u32 = 24;
-const SET_CONFIG: u32 = 25;
-const GET_INFLIGHT_FD: u32 = 31;
-const SET_INFLIGHT_FD: u32 = 32;
-
-const HDR_VERSION: u32 = 0x1;
-const HDR_REPLY: u32 = 0x4;
-const HDR_NEED_REPLY: u32 = 0x8;
-/// vhost-user's largest message body (the vhost crate's MAX_MSG_SIZE).
-const MAX_MSG_SIZE: u32 = 0x1000;
-
-const F_INDIRECT_DESC: u64 = 1 << 28;
-const F_PROTOCOL_FEATURES: u64 = 1 << 30;
-const F_VERSION_1: u64 = 1 << 32;
-const F_BLK_RO: u64 = 1 << 5;
-const F_BLK_FLUSH: u64 = 1 << 9;
-const F_BLK_CONFIG_WCE: u64 = 1 << 11;
-const P_MQ: u64 = 1 << 0;
-const P_REPLY_ACK: u64 = 1 << 3;
-const P_CONFIG: u64 = 1 << 9;
-const P_INFLIGHT_SHMFD: u64 = 1 << 12;
-
-const VRING_F_NEXT: u16 = 1;
-const VRING_F_WRITE: u16 = 2;
-const VRING_F_INDIRECT: u16 = 4;
-
-const T_IN: u32 = 0;
-const T_OUT: u32 = 1;
-const T_FLUSH: u32 = 4;
-const T_GET_ID: u32 = 8;
-const T_DISCARD: u32 = 11;
-const T_WRITE_ZEROES: u32 = 13;
-
-const S_OK: u8 = 0;
-const S_IOERR: u8 = 1;
-const S_UNSUPP: u8 = 2;
-
-/// How long an answer may take.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long to watch for an answer that must not come.
-const SILENCE: Duration = Duration::from_millis(300);
-
-fn u32s(v: &[u32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn u64s(v: &[u64]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// One frontend connection.
-struct Conn {
-    sock: UnixStream,
-}
-
-impl Conn {
-    fn connect(path: &Path) -> Conn {
-        let sock = UnixStream::connect(path).expect("connecting to the export");
-        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
-        Conn { sock }
-    }
-
-    /// Sends raw bytes, with file descriptors attached to the first byte.
-    fn send_raw(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
-        let mut iov = libc::iovec {
-            iov_base: bytes.as_ptr() as *mut libc::c_void,
-            iov_len: bytes.len(),
-        };
-        // SAFETY: a msghdr pointing at live locals (iov, cmsg buffer) for the duration of
-        // sendmsg; the control buffer is sized with CMSG_SPACE for `fds`.
-        unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            let fd_bytes = std::mem::size_of_val(fds) as u32;
-            let mut cbuf = vec![0u8; libc::CMSG_SPACE(fd_bytes) as usize];
-            if !fds.is_empty() {
-                msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-                msg.msg_controllen = cbuf.len();
-                let c = libc::CMSG_FIRSTHDR(&msg);
-                (*c).cmsg_level = libc::SOL_SOCKET;
-                (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
-                std::ptr::copy_nonoverlapping(
-                    fds.as_ptr() as *const u8,
-                    libc::CMSG_DATA(c),
-                    fd_bytes as usize,
-                );
-            }
-            let n = libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if n as usize != bytes.len() {
-                return Err(io::Error::other("short sendmsg"));
-            }
-        }
-        Ok(())
-    }
-
-    fn send(&self, code: u32, flags: u32, body: &[u8], fds: &[RawFd]) -> io::Result<()> {
-        let mut m = u32s(&[code, HDR_VERSION | flags, body.len() as u32]);
-        m.extend_from_slice(body);
-        self.send_raw(&m, fds)
-    }
-
-    /// Reads one reply: (code, flags, body).
-    fn recv(&self) -> io::Result<(u32, u32, Vec<u8>)> {
-        let mut s = &self.sock;
-        let mut h = [0u8; 12];
-        s.read_exact(&mut h)?;
-        let w = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().unwrap());
-        let (code, flags, size) = (w(0), w(4), w(8));
-        if size > MAX_MSG_SIZE {
-            return Err(io::Error::other(format!("reply size {size}")));
-        }
-        let mut body = vec![0u8; size as usize];
-        s.read_exact(&mut body)?;
-        assert!(flags & HDR_REPLY != 0, "reply without the REPLY flag");
-        Ok((code, flags, body))
-    }
-
-    /// A request that has a reply body (GET_*).
-    fn get(&self, code: u32, body: &[u8]) -> Result<Vec<u8>, String> {
-        self.send(code, 0, body, &[])
-            .map_err(|e| format!("send: {e}"))?;
-        let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
-        assert_eq!(c, code, "reply to another request");
-        Ok(b)
-    }
-
-    fn get_u64(&self, code: u32) -> Result<u64, String> {
-        let b = self.get(code, &[])?;
-        Ok(u64::from_le_bytes(b[..8].try_into().unwrap()))
-    }
-
-    /// A request answered with REPLY_ACK: Ok, or Err("NACK")/Err("closed: ...").
-    fn set(&self, code: u32, body: &[u8], fds: &[RawFd]) -> Result<(), String> {
-        self.send(code, HDR_NEED_REPLY, body, fds)
-            .map_err(|e| format!("closed: send: {e}"))?;
-        let (c, _, b) = self.recv().map_err(|e| format!("closed: {e}"))?;
-        assert_eq!(c, code, "ack for another request");
-        match u64::from_le_bytes(b[..8].try_into().unwrap()) {
-            0 => Ok(()),
-            v => Err(format!("NACK ({v})")),
-        }
-    }
-
-    /// A request sent without asking for an ack.
-    fn set_noack(&self, code: u32, body: &[u8]) {
-        self.send(code, 0, body, &[]).expect("send");
-    }
-
-    /// Whether the daemon closes the connection within `within`.
-    fn closed_by_peer(&self, within: Duration) -> bool {
-        self.sock.set_read_timeout(Some(within)).unwrap();
-        let mut b = [0u8; 64];
-        let r = (&self.sock).read(&mut b);
-        self.sock.set_read_timeout(Some(ANSWER_TIMEOUT)).unwrap();
-        match r {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Guest memory: a memfd, two regions with a hole, a canary and a shadow copy
-// ---------------------------------------------------------------------------------------------
-
-const MIB_U: usize = 1 << 20;
-/// Region A: GPA 0 .. 1 MiB (file offset 0). Region B: GPA 2 MiB .. 3 MiB (file offset 1 MiB).
-const REGION_B_GPA: u64 = 0x20_0000;
-/// A guest-physical address in the hole between the regions.
-const HOLE: u64 = 0x15_0000;
-const CANARY: u8 = 0xa5;
-
-struct Guest {
-    fd: File,
-    base: *mut u8,
-    len: usize,
-    /// (gpa, size, file offset)
-    regions: Vec<(u64, u64, u64)>,
-    shadow: Vec<u8>,
-}
-
-impl Guest {
-    fn new() -> Guest {
-        let len = 2 * MIB_U;
-        // SAFETY: plain syscalls; the mapping is owned by the Guest and unmapped in Drop.
-        let (fd, base) = unsafe {
-            let fd = libc::memfd_create(c"hostile-guest".as_ptr(), libc::MFD_CLOEXEC);
-            assert!(fd >= 0, "memfd_create");
-            assert_eq!(libc::ftruncate(fd, len as i64), 0);
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            (File::from_raw_fd(fd), p as *mut u8)
-        };
-        let mut g = Guest {
-            fd,
-            base,
-            len,
-            regions: vec![
-                (0, MIB_U as u64, 0),
-                (REGION_B_GPA, MIB_U as u64, MIB_U as u64),
-            ],
-            shadow: vec![CANARY; len],
-        };
-        g.mem().fill(CANARY);
-        g
-    }
-
-    fn mem(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is live and `len` long. The daemon writes to it concurrently only
-        // while a request is in flight; the test reads it after the answer.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
-    }
-
-    fn off(&self, gpa: u64, len: usize) -> usize {
-        for &(g, s, o) in &self.regions {
-            if gpa >= g && gpa + len as u64 <= g + s {
-                return (o + gpa - g) as usize;
-            }
-        }
-        panic!("test bug: {gpa:#x}+{len} is not in guest memory");
-    }
-
-    /// The frontend's own address of a guest-physical address (what SET_VRING_ADDR carries).
-    fn user_addr(&self, gpa: u64) -> u64 {
-        self.base as u64 + self.off(gpa, 1) as u64
-    }
-
-    /// Writes guest memory (and the shadow).
-    fn write(&mut self, gpa: u64, data: &[u8]) {
-        let o = self.off(gpa, data.len());
-        self.mem()[o..o + data.len()].copy_from_slice(data);
-        self.shadow[o..o + data.len()].copy_from_slice(data);
-    }
-
-    fn read(&mut self, gpa: u64, len: usize) -> Vec<u8> {
-        let o = self.off(gpa, len);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let mut v = vec![0u8; len];
-        // SAFETY: in bounds (checked by off). The daemon writes this memory only while a
-        // request is in flight; callers read it after the answer (the fence above orders it).
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(o), v.as_mut_ptr(), len) };
-        v
-    }
-
-    fn read_u16(&mut self, gpa: u64) -> u16 {
-        let o = self.off(gpa, 2);
-        // SAFETY: in bounds and 2-aligned (ring fields); volatile: the daemon updates it.
-        let v = unsafe { std::ptr::read_volatile(self.base.add(o) as *const u16) };
-        std::sync::atomic::fence(Ordering::SeqCst);
-        u16::from_le(v)
-    }
-
-    /// Records that the daemon is expected to have written `data` at `gpa`.
-    fn expect(&mut self, gpa: u64, data: &[u8]) {
-        let o = self.off(gpa, data.len());
-        self.shadow[o..o + data.len()].copy_from_slice(data);
-    }
-
-    /// The first difference between guest memory and the shadow outside `skip` (gpa ranges).
-    fn diff(&mut self, skip: &[(u64, usize)]) -> Option<String> {
-        let skip: Vec<(usize, usize)> = skip.iter().map(|&(g, l)| (self.off(g, l), l)).collect();
-        let mem = self.read_all();
-        // Compare page by page (a memcmp), and byte by byte only where a page differs.
-        for (p, (a, b)) in mem.chunks(4096).zip(self.shadow.chunks(4096)).enumerate() {
-            if a == b {
-                continue;
-            }
-            for (k, (x, y)) in a.iter().zip(b).enumerate() {
-                let i = p * 4096 + k;
-                if x != y && !skip.iter().any(|&(o, l)| i >= o && i < o + l) {
-                    let (g, _, o) = self
-                        .regions
-                        .iter()
-                        .copied()
-                        .find(|&(_, s, o)| i as u64 >= o && (i as u64) < o + s)
-                        .unwrap();
-                    return Some(format!(
-                        "guest memory changed at GPA {:#x}: {x:#04x}, expected {y:#04x}",
-                        g + i as u64 - o
-                    ));
-                }
-            }
-        }
-        None
-    }
-
-    /// A copy of the whole memfd.
-    fn read_all(&mut self) -> Vec<u8> {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let mut v = vec![0u8; self.len];
-        // SAFETY: the whole live mapping; see `read`.
-        unsafe { std::ptr::copy_nonoverlapping(self.base, v.as_mut_ptr(), self.len) };
-        v
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in new().
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A session: a configured device with hand-written rings
-// ---------------------------------------------------------------------------------------------
-
-/// Where things live in guest memory (region A unless said otherwise).
-const HDR_GPA: u64 = 0x1_0000;
-const STATUS_GPA: u64 = 0x8000;
-const DATA_GPA: u64 = 0x2_0000;
-const INDIRECT_GPA: u64 = 0x6_0000;
-const INDIRECT2_GPA: u64 = 0x7_0000;
-
-fn ring_gpas(q: u32) -> (u64, u64, u64) {
-    let b = 0x1000 + u64::from(q) * 0x3000;
-    (b, b + 0x1000, b + 0x2000)
-}
-
-struct Ring {
-    #[allow(dead_code)]
-    index: u32,
-    size: u16,
-    desc: u64,
-    avail: u64,
-    used: u64,
-    avail_idx: u16,
-    used_idx: u16,
-    kick: EventFd,
-    _call: EventFd,
-}
-
-impl Ring {
-    fn used_area(&self) -> (u64, usize) {
-        (self.used, 6 + 8 * self.size as usize)
-    }
-}
-
-/// A descriptor as the test writes it.
-#[derive(Clone, Copy, Debug)]
-struct D {
-    addr: u64,
-    len: u32,
-    flags: u16,
-    next: u16,
-}
-
-fn d(addr: u64, len: u32, flags: u16, next: u16) -> D {
-    D {
-        addr,
-        len,
-        flags,
-        next,
-    }
-}
-
-fn desc_bytes(ds: &[D]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 * ds.len());
-    for x in ds {
-        v.extend_from_slice(&x.addr.to_le_bytes());
-        v.extend_from_slice(&x.len.to_le_bytes());
-        v.extend_from_slice(&x.flags.to_le_bytes());
-        v.extend_from_slice(&x.next.to_le_bytes());
-    }
-    v
-}
-
-fn header(t: u32, sector: u64) -> Vec<u8> {
-    let mut h = u32s(&[t, 0]);
-    h.extend_from_slice(&sector.to_le_bytes());
-    h
-}
-
-fn dwz_segment(sector: u64, num: u32, flags: u32) -> Vec<u8> {
-    let mut s = sector.to_le_bytes().to_vec();
-    s.extend_from_slice(&u32s(&[num, flags]));
-    s
-}
-
-struct Session {
-    /// Kept open for the session's lifetime; dropping it disconnects.
-    #[allow(dead_code)]
-    conn: Conn,
-    guest: Guest,
-    rings: Vec<Ring>,
-    /// The export's image and its seed, to check reads.
-    image_seed: Option<u64>,
-}
-
-/// The answer to one request.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    /// A used entry: (head, len).
-    Used(u32, u32),
-    /// No used entry within the time the test watched.
-    Nothing,
-}
-
-impl Session {
-    /// Connects and negotiates; stops before SET_MEM_TABLE.
-    fn negotiate(path: &Path) -> Result<(Conn, u64), String> {
-        Self::negotiate_with(path, 0)
-    }
-
-    /// [`Session::negotiate`], acking the protocol features `extra` as well.
-    fn negotiate_with(path: &Path, extra: u64) -> Result<(Conn, u64), String> {
-        Self::negotiate_features(path, extra, 0)
-    }
-
-    /// [`Session::negotiate_with`], acking the device features `features` as well.
-    fn negotiate_features(path: &Path, extra: u64, features: u64) -> Result<(Conn, u64), String> {
-        // The daemon serves one frontend per socket and closes a second one at once. The
-        // previous session's close can reach it late (another test thread forking a process
-        // holds a copy of the socket until its exec), so retry a refused connection briefly.
-        let deadline = Instant::now() + RECONNECT_GRACE;
-        let (conn, offered) = loop {
-            let conn = Conn::connect(path);
-            match conn.get_u64(GET_FEATURES) {
-                Ok(f) => break (conn, f),
-                Err(e) if e.starts_with("closed") && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let pf = conn.get_u64(GET_PROTOCOL_FEATURES)?;
-        assert!(pf & P_REPLY_ACK != 0, "REPLY_ACK not offered");
-        assert!(
-            pf & extra == extra,
-            "protocol features {extra:#x} not offered ({pf:#x})"
-        );
-        conn.set_noack(
-            SET_PROTOCOL_FEATURES,
-            &u64s(&[P_MQ | P_REPLY_ACK | P_CONFIG | extra]),
-        );
-        conn.set(SET_OWNER, &[], &[])?;
-        assert!(
-            offered & features == features,
-            "features {features:#x} not offered ({offered:#x})"
-        );
-        let want =
-            F_VERSION_1 | F_PROTOCOL_FEATURES | F_INDIRECT_DESC | (offered & F_BLK_RO) | features;
-        conn.set(SET_FEATURES, &u64s(&[want]), &[])?;
-        Ok((conn, offered))
-    }
-
-    fn set_mem_table(conn: &Conn, guest: &Guest) -> Result<(), String> {
-        let mut body = u32s(&[guest.regions.len() as u32, 0]);
-        let mut fds = Vec::new();
-        for &(gpa, size, off) in &guest.regions {
-            body.extend_from_slice(&u64s(&[gpa, size, guest.base as u64 + off, off]));
-            fds.push(guest.fd.as_raw_fd());
-        }
-        conn.set(SET_MEM_TABLE, &body, &fds)
-    }
-
-    fn setup_ring(conn: &Conn, guest: &mut Guest, q: u32, size: u16) -> Result<Ring, String> {
-        let (desc, avail, used) = ring_gpas(q);
-        guest.write(desc, &vec![0u8; 16 * size as usize]);
-        guest.write(avail, &vec![0u8; 6 + 2 * size as usize]);
-        guest.write(used, &vec![0u8; 6 + 8 * size as usize]);
-        conn.set(SET_VRING_NUM, &u32s(&[q, u32::from(size)]), &[])?;
-        conn.set(SET_VRING_BASE, &u32s(&[q, 0]), &[])?;
-        let mut body = u32s(&[q, 0]);
-        body.extend_from_slice(&u64s(&[
-            guest.user_addr(desc),
-            guest.user_addr(used),
-            guest.user_addr(avail),
-            0,
-        ]));
-        conn.set(SET_VRING_ADDR, &body, &[])?;
-        let kick = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
-        let call = EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).unwrap();
-        conn.set(SET_VRING_CALL, &u64s(&[u64::from(q)]), &[call.as_raw_fd()])?;
-        conn.set(SET_VRING_KICK, &u64s(&[u64::from(q)]), &[kick.as_raw_fd()])?;
-        conn.set(SET_VRING_ENABLE, &u32s(&[q, 1]), &[])?;
-        Ok(Ring {
-            index: q,
-            size,
-            desc,
-            avail,
-            used,
-            avail_idx: 0,
-            used_idx: 0,
-            kick,
-            _call: call,
-        })
-    }
-
-    /// A fully set up session with one ring of `size` on queue 0.
-    fn open(path: &Path, size: u16, image_seed: Option<u64>) -> Session {
-        Self::open_features(path, size, image_seed, 0)
-    }
-
-    /// [`Session::open`], acking the device features `features` as well.
-    fn open_features(path: &Path, size: u16, image_seed: Option<u64>, features: u64) -> Session {
-        let (conn, _) = Self::negotiate_features(path, 0, features).expect("negotiation");
-        let mut guest = Guest::new();
-        Self::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
-        let ring = Self::setup_ring(&conn, &mut guest, 0, size).expect("vring setup");
-        Session {
-            conn,
-            guest,
-            rings: vec![ring],
-            image_seed,
-        }
-    }
-
-    /// Writes descriptors into the table starting at index `first`.
-    fn write_descs(&mut self, q: usize, first: u16, ds: &[D]) {
-        let at = self.rings[q].desc + 16 * u64::from(first);
-        self.guest.write(at, &desc_bytes(ds));
-    }
-
-    /// Puts `head` on the avail ring with an idx `extra` further than it should be, and kicks.
-    fn post_raw(&mut self, q: usize, head: u16, extra: u16) {
-        let r = &self.rings[q];
-        let slot = r.avail + 4 + 2 * u64::from(r.avail_idx % r.size);
-        let (avail, new_idx) = (r.avail, r.avail_idx.wrapping_add(1).wrapping_add(extra));
-        self.guest.write(slot, &head.to_le_bytes());
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.guest.write(avail + 2, &new_idx.to_le_bytes());
-        let r = &mut self.rings[q];
-        r.avail_idx = new_idx;
-        r.kick.write(1).unwrap();
-    }
-
-    /// Waits for the next used entry (or watches `SILENCE` for one that must not come).
-    fn wait_used(&mut self, q: usize, timeout: Duration) -> Answer {
-        let deadline = Instant::now() + timeout;
-        let (used, size, seen) = {
-            let r = &self.rings[q];
-            (r.used, r.size, r.used_idx)
-        };
-        loop {
-            let idx = self.guest.read_u16(used + 2);
-            if idx != seen {
-                let e = self.guest.read(used + 4 + 8 * u64::from(seen % size), 8);
-                self.rings[q].used_idx = seen.wrapping_add(1);
-                return Answer::Used(
-                    u32::from_le_bytes(e[0..4].try_into().unwrap()),
-                    u32::from_le_bytes(e[4..8].try_into().unwrap()),
-                );
-            }
-            if Instant::now() > deadline {
-                return Answer::Nothing;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// Posts the chain `ds` (at descriptor 0) and returns the answer.
-    fn submit(&mut self, q: usize, ds: &[D]) -> Answer {
-        self.write_descs(q, 0, ds);
-        self.post_raw(q, 0, 0);
-        self.wait_used(q, ANSWER_TIMEOUT)
-    }
-
-    /// Checks guest memory against the shadow, ignoring the used rings.
-    fn check_memory(&mut self) -> Result<(), String> {
-        let skip: Vec<(u64, usize)> = self.rings.iter().map(|r| r.used_area()).collect();
-        match self.guest.diff(&skip) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// A good read of 4 KiB at sector 8 into DATA_GPA: must complete OK with the image's data.
-    fn good_read(&mut self, q: usize) -> Result<(), String> {
-        self.guest.write(HDR_GPA, &header(T_IN, 8));
-        self.guest.write(STATUS_GPA, &[0xee]);
-        self.guest.write(DATA_GPA, &[CANARY; 4096]);
-        let a = self.submit(
-            q,
-            &[
-                d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
-                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-            ],
-        );
-        if a != Answer::Used(0, 4097) {
-            return Err(format!("good read answered {a:?}, expected Used(0, 4097)"));
-        }
-        let st = self.guest.read(STATUS_GPA, 1)[0];
-        if st != S_OK {
-            return Err(format!("good read status {st}"));
-        }
-        let data = self.guest.read(DATA_GPA, 4096);
-        if let Some(seed) = self.image_seed {
-            if let Some(o) = check_pattern(&data, 4096, seed) {
-                return Err(format!("good read: wrong data at byte offset {o}"));
-            }
-        }
-        self.guest.expect(DATA_GPA, &data);
-        self.guest.expect(STATUS_GPA, &[S_OK]);
-        self.check_memory()
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // A second export, served throughout
@@ -724,12 +102,6 @@ impl Drop for Bystander {
     }
 }
 
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 fn assert_alive(daemon: &mut Daemon, after: &str) {
     if let Some(st) = daemon.has_exited() {
         panic!(
@@ -750,10 +122,6 @@ fn fresh_client_works(socket: &Path) -> Result<(), String> {
         .map(|_| ())
         .map_err(|e| format!("read: {e}"))
 }
-
-/// How long a reconnect may be refused because the daemon has not yet seen the previous
-/// frontend's close (see [`connect_retry`]).
-const RECONNECT_GRACE: Duration = Duration::from_secs(2);
 
 /// Connects a libblkio client, retrying for up to [`RECONNECT_GRACE`] while the daemon refuses
 /// it as a second frontend: a previous frontend's close can reach the daemon late when another
@@ -1261,22 +629,30 @@ fn hostile_chains_get_exact_answers_and_the_queue_keeps_working() {
 /// One protocol-level misbehaviour: runs on a fresh connection, returns what the daemon did.
 type Misbehaviour = fn(&Path) -> String;
 
+/// Whether the daemon closes the connection soon after a bad message, in words.
+fn closed_or_open(conn: &Conn) -> &'static str {
+    if conn.closed_by_peer(Duration::from_millis(500)) {
+        "closed by the daemon"
+    } else {
+        "still open"
+    }
+}
+
 /// Reports how the connection ended after a bad message whose answer may be a NACK.
 fn outcome(conn: &Conn, r: Result<(), String>) -> String {
-    let closed = conn.closed_by_peer(Duration::from_millis(500));
-    format!(
-        "{}; connection {}",
-        match r {
-            Ok(()) => "ACK".to_string(),
-            Err(e) => e,
-        },
-        if closed {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    let r = match r {
+        Ok(()) => "ACK".to_string(),
+        Err(e) => e,
+    };
+    format!("{r}; connection {}", closed_or_open(conn))
 }
+
+// Each misbehaviour sends the message it is about as raw bytes (Conn::send and friends), also
+// where the vhost crate's Frontend could send it: the Frontend checks arguments before sending
+// (a memory table is not empty, no region has size 0, a kick comes with its fd, a vring size
+// fits in a u16, vring indices stay below what GET_QUEUE_NUM said, in-flight sizes are not 0)
+// and reads replies its own way, and it is the daemon's checks that are under test. What leads
+// up to that message is well-formed and goes through the Frontend.
 
 fn mis_garbage(p: &Path) -> String {
     let c = Conn::connect(p);
@@ -1287,8 +663,8 @@ fn mis_garbage(p: &Path) -> String {
 
 fn mis_huge_size(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send_raw(&u32s(&[SET_FEATURES, HDR_VERSION, 0x7fff_ffff]), &[])
-        .unwrap();
+    let header = u32s(&[FrontendReq::SET_FEATURES as u32, HDR_VERSION, 0x7fff_ffff]);
+    c.send_raw(&header, &[]).unwrap();
     let _ = c.send_raw(&[0u8; 64], &[]);
     outcome(&c, Err("header with size 0x7fffffff sent".into()))
 }
@@ -1296,15 +672,16 @@ fn mis_huge_size(p: &Path) -> String {
 fn mis_size_mismatch(p: &Path) -> String {
     // SET_FEATURES with a 4-byte body instead of 8.
     let c = Conn::connect(p);
-    let _ = c.get_u64(GET_FEATURES);
-    c.send(SET_FEATURES, 0, &[1, 2, 3, 4], &[]).unwrap();
+    let _ = c.fe.get_features();
+    c.send(FrontendReq::SET_FEATURES, 0, &[1, 2, 3, 4], &[])
+        .unwrap();
     outcome(&c, Err("SET_FEATURES with a 4-byte body sent".into()))
 }
 
 fn mis_partial(p: &Path) -> String {
     // A header that promises 40 bytes, 10 of them, then the frontend goes away.
     let c = Conn::connect(p);
-    let mut m = u32s(&[SET_VRING_ADDR, HDR_VERSION, 40]);
+    let mut m = u32s(&[FrontendReq::SET_VRING_ADDR as u32, HDR_VERSION, 40]);
     m.extend_from_slice(&[0u8; 10]);
     c.send_raw(&m, &[]).unwrap();
     drop(c);
@@ -1313,19 +690,27 @@ fn mis_partial(p: &Path) -> String {
 
 fn mis_unknown_code(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send(999, HDR_NEED_REPLY, &[0u8; 8], &[]).unwrap();
+    c.send(
+        999u32,
+        VhostUserHeaderFlag::NEED_REPLY.bits(),
+        &[0u8; 8],
+        &[],
+    )
+    .unwrap();
     outcome(&c, Err("request code 999 sent".into()))
 }
 
 fn mis_bad_version(p: &Path) -> String {
     let c = Conn::connect(p);
-    c.send_raw(&u32s(&[GET_FEATURES, 0x2, 0]), &[]).unwrap();
+    c.send_raw(&u32s(&[FrontendReq::GET_FEATURES as u32, 0x2, 0]), &[])
+        .unwrap();
     outcome(&c, Err("header version 2 sent".into()))
 }
 
 fn mis_unoffered_features(p: &Path) -> String {
     let (c, offered) = Session::negotiate(p).unwrap();
-    let r = c.set(SET_FEATURES, &u64s(&[offered | (1 << 63) | (1 << 55)]), &[]);
+    let features = offered | (1 << 63) | (1 << 55);
+    let r = c.send_acked(FrontendReq::SET_FEATURES, &u64s(&[features]), &[]);
     outcome(&c, r)
 }
 
@@ -1336,63 +721,61 @@ fn with_mem(p: &Path) -> (Conn, Guest) {
     (c, g)
 }
 
-fn mis_vring_num_0(p: &Path) -> String {
+/// SET_VRING_NUM `num` on vring `index`, after the memory table.
+fn set_vring_num_raw(p: &Path, index: u32, num: u32) -> String {
     let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 0]), &[]);
+    let r = c.send_acked(FrontendReq::SET_VRING_NUM, &u32s(&[index, num]), &[]);
     outcome(&c, r)
+}
+
+fn mis_vring_num_0(p: &Path) -> String {
+    set_vring_num_raw(p, 0, 0)
 }
 
 fn mis_vring_num_3(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 3]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 3)
 }
 
 fn mis_vring_num_too_big(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
     // The export's queue-size is 64.
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 128]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 128)
 }
 
 fn mis_vring_num_65536(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[0, 65536]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 0, 65536)
+}
+
+/// A SET_VRING_ADDR body for vring 0: descriptor table, used ring, avail ring.
+fn vring_addr_body(desc: u64, used: u64, avail: u64) -> Vec<u8> {
+    let mut body = u32s(&[0, 0]);
+    body.extend_from_slice(&u64s(&[desc, used, avail, 0]));
+    body
 }
 
 fn mis_vring_addr_outside(p: &Path) -> String {
     let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
-    let mut body = u32s(&[0, 0]);
+    answer(c.fe.set_vring_num(0, 16)).unwrap();
     // The descriptor table at a user address the mem table does not cover.
-    body.extend_from_slice(&u64s(&[
-        0x1000,
-        g.user_addr(0x3000),
-        g.user_addr(0x2000),
-        0,
-    ]));
-    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    let body = vring_addr_body(0x1000, g.user_addr(0x3000), g.user_addr(0x2000));
+    let r = c.send_acked(FrontendReq::SET_VRING_ADDR, &body, &[]);
     outcome(&c, r)
 }
 
 fn mis_vring_addr_runs_out(p: &Path) -> String {
     // The used ring starts inside region A but runs past its end into the hole.
-    let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 64]), &[]).unwrap();
-    let mut body = u32s(&[0, 0]);
-    body.extend_from_slice(&u64s(&[
+    let (mut c, g) = with_mem(p);
+    answer(c.fe.set_vring_num(0, 64)).unwrap();
+    let body = vring_addr_body(
         g.user_addr(0x1000),
         g.user_addr(0x10_0000 - 64),
         g.user_addr(0x2000),
-        0,
-    ]));
-    let r = c.set(SET_VRING_ADDR, &body, &[]);
+    );
+    let r = c.send_acked(FrontendReq::SET_VRING_ADDR, &body, &[]);
     let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
     let r2 = r
         .clone()
-        .and_then(|_| c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()]))
-        .and_then(|_| c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[]));
+        .and_then(|_| answer(c.fe.set_vring_kick(0, &kick)))
+        .and_then(|_| answer(c.fe.set_vring_enable(0, true)));
     let _ = kick.write(1);
     format!(
         "SET_VRING_ADDR {r:?}, then kick+enable {r2:?}; {}",
@@ -1401,16 +784,13 @@ fn mis_vring_addr_runs_out(p: &Path) -> String {
 }
 
 fn mis_vring_index(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_NUM, &u32s(&[200, 16]), &[]);
-    outcome(&c, r)
+    set_vring_num_raw(p, 200, 16)
 }
 
 fn mis_queue_num_plus_one(p: &Path) -> String {
-    let (c, g) = with_mem(p);
-    let n = c.get_u64(GET_QUEUE_NUM).unwrap() as u32;
-    let r = c.set(SET_VRING_NUM, &u32s(&[n, 16]), &[]);
-    let _ = g;
+    let (mut c, _g) = with_mem(p);
+    let n = answer(c.fe.get_queue_num()).unwrap() as u32;
+    let r = c.send_acked(FrontendReq::SET_VRING_NUM, &u32s(&[n, 16]), &[]);
     format!(
         "GET_QUEUE_NUM = {n}, SET_VRING_NUM index {n}: {}",
         outcome(&c, r)
@@ -1418,23 +798,28 @@ fn mis_queue_num_plus_one(p: &Path) -> String {
 }
 
 fn mis_kick_index(p: &Path) -> String {
-    let (c, _g) = with_mem(p);
-    let n = c.get_u64(GET_QUEUE_NUM).unwrap();
+    let (mut c, _g) = with_mem(p);
+    let n = answer(c.fe.get_queue_num()).unwrap();
     let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-    let r = c.set(SET_VRING_KICK, &u64s(&[n]), &[kick.as_raw_fd()]);
+    let r = c.send_acked(
+        FrontendReq::SET_VRING_KICK,
+        &u64s(&[n]),
+        &[kick.as_raw_fd()],
+    );
     format!("SET_VRING_KICK index {n}: {}", outcome(&c, r))
 }
 
 fn mis_get_vring_base_index(p: &Path) -> String {
     let (c, _g) = with_mem(p);
-    c.send(GET_VRING_BASE, 0, &u32s(&[77, 0]), &[]).unwrap();
+    c.send(FrontendReq::GET_VRING_BASE, 0, &u32s(&[77, 0]), &[])
+        .unwrap();
     outcome(&c, Err("GET_VRING_BASE index 77 sent".into()))
 }
 
 fn mis_kick_without_fd(p: &Path) -> String {
     // Neither an fd nor the "no fd" flag (0x100).
     let (c, _g) = with_mem(p);
-    let r = c.set(SET_VRING_KICK, &u64s(&[0]), &[]);
+    let r = c.send_acked(FrontendReq::SET_VRING_KICK, &u64s(&[0]), &[]);
     outcome(&c, r)
 }
 
@@ -1445,55 +830,63 @@ fn mis_fds_on_wrong_message(p: &Path) -> String {
         .map(|_| EventFd::new(libc::EFD_CLOEXEC).unwrap())
         .collect();
     let fds: Vec<RawFd> = efds.iter().map(|e| e.as_raw_fd()).collect();
-    let _ = c.send(SET_OWNER, 0, &[], &fds);
+    let _ = c.send(FrontendReq::SET_OWNER, 0, &[], &fds);
     outcome(&c, Err("SET_OWNER with 8 fds sent".into()))
 }
 
-fn mis_mem_table_zero_regions(p: &Path) -> String {
+/// SET_MEM_TABLE with the regions `regions` gives for the guest memory, as (gpa, size, user
+/// address, file offset), each with the guest memory's fd or, if `fds` is given, with that many
+/// fds.
+fn mem_table_raw(
+    p: &Path,
+    regions: impl Fn(&Guest) -> Vec<[u64; 4]>,
+    fds: Option<usize>,
+) -> String {
     let (c, _) = Session::negotiate(p).unwrap();
-    let r = c.set(SET_MEM_TABLE, &u32s(&[0, 0]), &[]);
+    let g = Guest::new();
+    let regions = regions(&g);
+    let mut body = u32s(&[regions.len() as u32, 0]);
+    for r in &regions {
+        body.extend_from_slice(&u64s(r));
+    }
+    let fds = vec![g.fd(); fds.unwrap_or(regions.len())];
+    let r = c.send_acked(FrontendReq::SET_MEM_TABLE, &body, &fds);
     outcome(&c, r)
+}
+
+fn mis_mem_table_zero_regions(p: &Path) -> String {
+    mem_table_raw(p, |_| vec![], None)
 }
 
 fn mis_mem_table_fd_mismatch(p: &Path) -> String {
     // Two regions, one fd.
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[2, 0]);
-    for &(gpa, size, off) in &g.regions {
-        body.extend_from_slice(&u64s(&[gpa, size, g.base as u64 + off, off]));
-    }
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    let regions = |g: &Guest| {
+        g.regions
+            .iter()
+            .map(|&(gpa, size, off)| [gpa, size, g.base() + off, off])
+            .collect()
+    };
+    mem_table_raw(p, regions, Some(1))
 }
 
 fn mis_mem_table_overlap(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[2, 0]);
-    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
-    body.extend_from_slice(&u64s(&[MIB / 2, MIB, g.base as u64 + MIB, MIB]));
-    let fd = g.fd.as_raw_fd();
-    let r = c.set(SET_MEM_TABLE, &body, &[fd, fd]);
-    outcome(&c, r)
+    let regions = |g: &Guest| vec![[0, MIB, g.base(), 0], [MIB / 2, MIB, g.base() + MIB, MIB]];
+    mem_table_raw(p, regions, None)
 }
 
 fn mis_mem_table_wraps(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[u64::MAX - 4095, MIB, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    mem_table_raw(p, |g| vec![[u64::MAX - 4095, MIB, g.base(), 0]], None)
 }
 
 fn mis_mem_table_zero_size(p: &Path) -> String {
-    let (c, _) = Session::negotiate(p).unwrap();
-    let g = Guest::new();
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[0, 0, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
-    outcome(&c, r)
+    mem_table_raw(p, |g| vec![[0, 0, g.base(), 0]], None)
+}
+
+/// Reports the reply to a bad GET message (the length of its body) and how the connection
+/// ended.
+fn reply_outcome(c: &Conn) -> String {
+    let r = c.recv().map(|(_, _, b)| b.len());
+    format!("reply {r:?}; connection {}", closed_or_open(c))
 }
 
 fn mis_get_config_past_end(p: &Path) -> String {
@@ -1501,17 +894,8 @@ fn mis_get_config_past_end(p: &Path) -> String {
     // struct { offset, size, flags, payload[size] }
     let mut body = u32s(&[90, 16, 0]);
     body.extend_from_slice(&[0u8; 16]);
-    c.send(GET_CONFIG, 0, &body, &[]).unwrap();
-    let r = c.recv();
-    format!(
-        "reply {:?}; connection {}",
-        r.map(|(_, _, b)| b.len()),
-        if c.closed_by_peer(Duration::from_millis(500)) {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    c.send(FrontendReq::GET_CONFIG, 0, &body, &[]).unwrap();
+    reply_outcome(&c)
 }
 
 /// VhostUserInflight: mmap_size, mmap_offset, num_queues, queue_size (repr(C): 24 bytes).
@@ -1524,75 +908,35 @@ fn inflight_msg(size: u64, offset: u64, num_queues: u16, queue_size: u16) -> Vec
 }
 
 fn mis_get_inflight_huge(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    c.send(GET_INFLIGHT_FD, 0, &inflight_msg(0, 0, 1, 65535), &[])
-        .unwrap();
-    let r = c.recv().map(|(_, _, b)| b.len());
-    format!(
-        "reply {r:?}; connection {}",
-        if c.closed_by_peer(Duration::from_millis(500)) {
-            "closed by the daemon"
-        } else {
-            "still open"
-        }
-    )
+    let (c, _) = Session::negotiate_with(p, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
+    let body = inflight_msg(0, 0, 1, 65535);
+    c.send(FrontendReq::GET_INFLIGHT_FD, 0, &body, &[]).unwrap();
+    reply_outcome(&c)
+}
+
+/// SET_INFLIGHT_FD of a `len`-byte memfd with the message body `body`.
+fn set_inflight_raw(p: &Path, len: u64, body: &[u8]) -> String {
+    let (c, _) = Session::negotiate_with(p, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
+    let f = memfd("inflight", len);
+    let r = c.send_acked(FrontendReq::SET_INFLIGHT_FD, body, &[f.as_raw_fd()]);
+    outcome(&c, r)
 }
 
 fn mis_set_inflight_past_eof(p: &Path) -> String {
     // A 4 KiB memfd claimed to hold 1 MiB of in-flight state.
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(MIB, 0, 1, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 4096, &inflight_msg(MIB, 0, 1, 64))
 }
 
 fn mis_set_inflight_offset_wraps(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(2048, u64::MAX - 1000, 1, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 4096, &inflight_msg(2048, u64::MAX - 1000, 1, 64))
 }
 
 fn mis_set_inflight_too_many_queues(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 1 << 20);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(1 << 20, 0, 9, 64),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
+    set_inflight_raw(p, 1 << 20, &inflight_msg(1 << 20, 0, 9, 64))
 }
 
 fn mis_set_inflight_queue_size_0(p: &Path) -> String {
-    let (c, _) = Session::negotiate_with(p, P_INFLIGHT_SHMFD).unwrap();
-    let f = memfd("inflight", 4096);
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(4096, 0, 1, 0),
-        &[f.as_raw_fd()],
-    );
-    outcome(&c, r)
-}
-
-fn memfd(name: &str, len: u64) -> File {
-    let name = std::ffi::CString::new(name).unwrap();
-    // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
-    let f = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
-        assert!(fd >= 0, "memfd_create");
-        File::from_raw_fd(fd)
-    };
-    f.set_len(len).unwrap();
-    f
+    set_inflight_raw(p, 4096, &inflight_msg(4096, 0, 1, 0))
 }
 
 fn mis_close_mid_setup(p: &Path) -> String {
@@ -1616,7 +960,7 @@ fn mis_close_mid_setup(p: &Path) -> String {
 
 fn mis_close_after_mem_table(p: &Path) -> String {
     let (c, g) = with_mem(p);
-    c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[]).unwrap();
+    answer(c.fe.set_vring_num(0, 16)).unwrap();
     drop(c);
     drop(g);
     "closed by the frontend after SET_MEM_TABLE and SET_VRING_NUM".into()
@@ -1776,36 +1120,22 @@ fn mem_region_larger_than_its_file_does_not_kill_the_daemon() {
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
 
-    let (c, _) = Session::negotiate(&sock).unwrap();
+    let (mut c, _) = Session::negotiate(&sock).unwrap();
     let mut g = Guest::new();
-    // Shrink the memfd to 64 KiB but keep claiming the full 1 MiB regions.
-    assert_eq!(unsafe { libc::ftruncate(g.fd.as_raw_fd(), 64 * 1024) }, 0);
-    let mut body = u32s(&[1, 0]);
-    body.extend_from_slice(&u64s(&[0, MIB, g.base as u64, 0]));
-    let r = c.set(SET_MEM_TABLE, &body, &[g.fd.as_raw_fd()]);
+    // Shrink the memfd to 64 KiB but keep claiming a full 1 MiB region. A well-formed message:
+    // the Frontend sends it.
+    assert_eq!(unsafe { libc::ftruncate(g.fd(), 64 * 1024) }, 0);
+    g.regions = vec![(0, MIB, 0)];
+    let r = answer(c.fe.set_mem_table(&g.mem_table(&[])));
     eprintln!("SET_MEM_TABLE of a 1 MiB region over a 64 KiB memfd: {r:?}");
     if r.is_ok() {
         // Rings past the end of the file: the first access is the worker reading avail->idx.
-        g.regions = vec![(0, MIB, 0)];
-        let size = 16u32;
         let (desc, avail, used) = (0x8_0000u64, 0x8_1000u64, 0x8_2000u64);
-        let ring = (|| -> Result<(), String> {
-            c.set(SET_VRING_NUM, &u32s(&[0, size]), &[])?;
-            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
-            let mut body = u32s(&[0, 0]);
-            body.extend_from_slice(&u64s(&[
-                g.base as u64 + desc,
-                g.base as u64 + used,
-                g.base as u64 + avail,
-                0,
-            ]));
-            c.set(SET_VRING_ADDR, &body, &[])?;
-            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
-            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
-            kick.write(1).unwrap();
-            Ok(())
-        })();
+        let base = g.base();
+        let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+        let ring = c
+            .start_vring(0, 16, (base + desc, base + used, base + avail), None, &kick)
+            .map(|()| kick.write(1).unwrap());
         eprintln!("vring past the end of the file: {ring:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -1850,21 +1180,9 @@ fn misaligned_ring_addresses_are_refused() {
         ),
     ];
     for (what, skew_a, skew_b, desc, used) in scenarios {
-        let (c, _) = Session::negotiate(&sock).unwrap();
+        let (mut c, _) = Session::negotiate(&sock).unwrap();
         let mut g = Guest::new();
-        let skews = [skew_a, skew_b];
-        let mut body = u32s(&[2, 0]);
-        for (&(gpa, size, off), skew) in g.regions.iter().zip(skews) {
-            body.extend_from_slice(&u64s(&[
-                gpa,
-                size,
-                (g.base as u64 + off).wrapping_add(skew),
-                off,
-            ]));
-        }
-        let fd = g.fd.as_raw_fd();
-        c.set(SET_MEM_TABLE, &body, &[fd, fd])
-            .expect("SET_MEM_TABLE");
+        answer(c.fe.set_mem_table(&g.mem_table(&[skew_a, skew_b]))).expect("SET_MEM_TABLE");
         let ua = |g: &Guest, gpa: u64| {
             let skew = if gpa >= REGION_B_GPA { skew_b } else { skew_a };
             g.user_addr(gpa).wrapping_add(skew)
@@ -1882,17 +1200,9 @@ fn misaligned_ring_addresses_are_refused() {
                 status_desc(),
             ]),
         );
-        let setup = (|| -> Result<EventFd, String> {
-            c.set(SET_VRING_NUM, &u32s(&[0, 16]), &[])?;
-            c.set(SET_VRING_BASE, &u32s(&[0, 0]), &[])?;
-            let mut body = u32s(&[0, 0]);
-            body.extend_from_slice(&u64s(&[ua(&g, desc), ua(&g, used), ua(&g, avail), 0]));
-            c.set(SET_VRING_ADDR, &body, &[])?;
-            let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
-            c.set(SET_VRING_KICK, &u64s(&[0]), &[kick.as_raw_fd()])?;
-            c.set(SET_VRING_ENABLE, &u32s(&[0, 1]), &[])?;
-            Ok(kick)
-        })();
+        let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
+        let addrs = (ua(&g, desc), ua(&g, used), ua(&g, avail));
+        let setup = c.start_vring(0, 16, addrs, None, &kick).map(|()| kick);
         let (obs, served) = match &setup {
             Ok(kick) => {
                 g.write(avail + 4, &0u16.to_le_bytes());
@@ -1940,7 +1250,8 @@ fn forged_inflight_region_is_survived() {
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
 
-    let (c, _) = Session::negotiate_with(&sock, P_INFLIGHT_SHMFD).unwrap();
+    let (mut c, _) =
+        Session::negotiate_with(&sock, VhostUserProtocolFeatures::INFLIGHT_SHMFD).unwrap();
     // Per queue: u64 features; u16 version, desc_num, last_batch_head, used_idx; then
     // desc[queue_size] { u8 inflight; u8 pad[5]; u16 next; u64 counter }, 64-byte aligned.
     let qs = 64u16;
@@ -1958,15 +1269,12 @@ fn forged_inflight_region_is_survived() {
     }
     let f = memfd("forged-inflight", size);
     std::os::unix::fs::FileExt::write_all_at(&f, &region, 0).unwrap();
-    let r = c.set(
-        SET_INFLIGHT_FD,
-        &inflight_msg(size, 0, 1, qs),
-        &[f.as_raw_fd()],
-    );
+    // A well-formed message (only the region's content is forged): the Frontend sends it.
+    let r = answer(c.fe.set_inflight_fd(&VhostUserInflight::new(size, 0, 1, qs), f.as_raw_fd()));
     eprintln!("SET_INFLIGHT_FD of a forged region: {r:?}");
     let mut g = Guest::new();
     Session::set_mem_table(&c, &g).expect("SET_MEM_TABLE");
-    let ring = Session::setup_ring(&c, &mut g, 0, 16);
+    let ring = Session::setup_ring(&mut c, &mut g, 0, 16);
     eprintln!(
         "vring setup with the forged region: {:?}",
         ring.as_ref().map(|_| ())
@@ -1993,24 +1301,6 @@ fn forged_inflight_region_is_survived() {
 // Random hostile chains against the live daemon
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64*: a small deterministic generator, so a failure names a seed that reproduces it.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
-
 /// Where random device-writable buffers may point: the daemon may write only there (and to the
 /// used ring), so everything else in guest memory must keep its canary.
 const SCRATCH_GPA: u64 = 0x8_0000;
@@ -2026,7 +1316,7 @@ const TABLES_GPA: u64 = 0x4_0000;
 /// Random descriptors for one chain (or indirect table) whose entries sit at `first..`.
 /// Device-writable buffers lie in the scratch area, the last page of memory (running off its
 /// end), the hole, or past 2^64 - 256; readable ones anywhere. `depth` > 0 makes a table.
-fn random_descs(rng: &mut Rng, s: &mut Session, c: u16, first: u16, depth: u32) -> Vec<D> {
+fn random_descs(rng: &mut XorShift, s: &mut Session, c: u16, first: u16, depth: u32) -> Vec<D> {
     let n = 1 + rng.below(6) as u16;
     // A header: mostly a real type with a sector near or past the capacity.
     let hdr_at = HDRS_GPA + 32 * rng.below(HDRS_LEN / 32);
@@ -2127,7 +1417,7 @@ fn random_descs(rng: &mut Rng, s: &mut Session, c: u16, first: u16, depth: u32) 
 }
 
 /// Writes a random chain at table slots `first..` (chain slot `c`).
-fn random_chain(rng: &mut Rng, s: &mut Session, c: u16) {
+fn random_chain(rng: &mut XorShift, s: &mut Session, c: u16) {
     let first = 8 * c;
     let ds = random_descs(rng, s, c, first, 0);
     s.write_descs(0, first, &ds);
@@ -2135,18 +1425,12 @@ fn random_chain(rng: &mut Rng, s: &mut Session, c: u16) {
 
 #[test]
 fn random_hostile_chains_never_hurt_the_daemon() {
-    let seed: u64 = std::env::var("MQBLK_HOSTILE_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0x6d71_626c_6b21);
-    let batches: usize = std::env::var("MQBLK_HOSTILE_BATCHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let seed: u64 = env_or("MQBLK_HOSTILE_SEED", 0x6d71_626c_6b21);
+    let batches: usize = env_or("MQBLK_HOSTILE_BATCHES", 1000);
     let dir = TestDir::new();
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = XorShift::new(seed);
     let mut s = Session::open(&sock, 64, None);
     let (mut answered, mut dropped, mut statuses) = (0u64, 0u64, [0u64; 256]);
     for b in 0..batches {
@@ -2270,29 +1554,26 @@ fn last_desc(s: &mut Session, head: u16) -> D {
 /// The writeback byte of the config space (struct virtio_blk_config's `wce`).
 const CONFIG_WCE_OFFSET: u32 = 32;
 
-fn config_writeback(conn: &Conn) -> u8 {
-    // struct { offset, size, flags, payload[size] }
-    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
-    body.push(0);
-    let reply = conn.get(GET_CONFIG, &body).expect("GET_CONFIG");
-    assert_eq!(reply.len(), 13, "GET_CONFIG reply {reply:?}");
-    reply[12]
+fn config_writeback(conn: &mut Conn) -> u8 {
+    let flags = VhostUserConfigFlags::empty();
+    let (_, payload) =
+        answer(conn.fe.get_config(CONFIG_WCE_OFFSET, 1, flags, &[0])).expect("GET_CONFIG");
+    assert_eq!(payload.len(), 1, "GET_CONFIG reply {payload:?}");
+    payload[0]
 }
 
-fn set_config_writeback(conn: &Conn, on: bool) {
-    let mut body = u32s(&[CONFIG_WCE_OFFSET, 1, 0]);
-    body.push(u8::from(on));
-    conn.set(SET_CONFIG, &body, &[]).expect("SET_CONFIG");
+fn set_config_writeback(conn: &mut Conn, on: bool) {
+    let flags = VhostUserConfigFlags::empty();
+    answer(
+        conn.fe
+            .set_config(CONFIG_WCE_OFFSET, flags, &[u8::from(on)]),
+    )
+    .expect("SET_CONFIG");
 }
 
-/// The export's count of write-through writes, from `--stats-file` (rewritten every 100 ms).
+/// The export's count of write-through writes.
 fn sync_writes(stats: &Path) -> u64 {
-    std::thread::sleep(Duration::from_millis(300));
-    let text = std::fs::read_to_string(stats).expect("stats file");
-    let v: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-    v["exports"][0]["sync_writes"]
-        .as_u64()
-        .expect("sync_writes")
+    stats_sync_writes(stats).unwrap()
 }
 
 #[test]
@@ -2309,7 +1590,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     );
     let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
     assert_eq!(
-        config_writeback(&s.conn),
+        config_writeback(&mut s.conn),
         1,
         "write-back is the initial mode"
     );
@@ -2343,8 +1624,12 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     write_some(&mut s, 0, 0x11);
     assert_eq!(sync_writes(&stats), 0, "write-back mode wrote through");
 
-    set_config_writeback(&s.conn, false);
-    assert_eq!(config_writeback(&s.conn), 0, "the cache mode did not stick");
+    set_config_writeback(&mut s.conn, false);
+    assert_eq!(
+        config_writeback(&mut s.conn),
+        0,
+        "the cache mode did not stick"
+    );
     write_some(&mut s, 64, 0x22);
     assert_eq!(
         sync_writes(&stats),
@@ -2352,8 +1637,8 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
         "write-through mode: every write must carry RWF_DSYNC"
     );
 
-    set_config_writeback(&s.conn, true);
-    assert_eq!(config_writeback(&s.conn), 1);
+    set_config_writeback(&mut s.conn, true);
+    assert_eq!(config_writeback(&mut s.conn), 1);
     write_some(&mut s, 128, 0x33);
     assert_eq!(sync_writes(&stats), 4, "back in write-back mode");
 
@@ -2385,24 +1670,15 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
 
     // What a reconnecting frontend does: negotiate, hand over the in-flight region, set up.
     let connect = |region: &File| -> Session {
-        let (conn, _) =
-            Session::negotiate_features(&sock, P_INFLIGHT_SHMFD, F_BLK_FLUSH | F_BLK_CONFIG_WCE)
-                .expect("negotiation");
-        conn.set(
-            SET_INFLIGHT_FD,
-            &inflight_msg(region_len, 0, 1, QSIZE),
-            &[region.as_raw_fd()],
+        let (mut conn, _) = Session::negotiate_features(
+            &sock,
+            VhostUserProtocolFeatures::INFLIGHT_SHMFD,
+            F_BLK_FLUSH | F_BLK_CONFIG_WCE,
         )
-        .expect("SET_INFLIGHT_FD");
-        let mut guest = Guest::new();
-        Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
-        let ring = Session::setup_ring(&conn, &mut guest, 0, QSIZE).expect("vring setup");
-        Session {
-            conn,
-            guest,
-            rings: vec![ring],
-            image_seed: None,
-        }
+        .expect("negotiation");
+        let inflight = VhostUserInflight::new(region_len, 0, 1, QSIZE);
+        answer(conn.fe.set_inflight_fd(&inflight, region.as_raw_fd())).expect("SET_INFLIGHT_FD");
+        Session::start(conn, QSIZE, None)
     };
     let write_one = |s: &mut Session, sector: u64| {
         s.guest.write(HDR_GPA, &header(T_OUT, sector));
@@ -2420,8 +1696,8 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     };
 
     let mut s = connect(&region);
-    assert_eq!(config_writeback(&s.conn), 1);
-    set_config_writeback(&s.conn, false);
+    assert_eq!(config_writeback(&mut s.conn), 1);
+    set_config_writeback(&mut s.conn, false);
     write_one(&mut s, 0);
     assert_eq!(sync_writes(&stats_a), 1);
     // The state is in the region, after the queue: magic, saved, write-through.
@@ -2445,7 +1721,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     );
     let mut s = connect(&region);
     assert_eq!(
-        config_writeback(&s.conn),
+        config_writeback(&mut s.conn),
         0,
         "the restarted mqblk forgot that the guest chose write-through"
     );
@@ -2458,8 +1734,8 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     drop(s);
 
     // A frontend without the region starts in write-back, as a new guest should.
-    let s = Session::open_features(&sock, QSIZE, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
-    assert_eq!(config_writeback(&s.conn), 1);
+    let mut s = Session::open_features(&sock, QSIZE, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
+    assert_eq!(config_writeback(&mut s.conn), 1);
     drop(s);
     daemon.terminate();
 }

@@ -1,10 +1,10 @@
 //! Connection lifecycle: one frontend per socket, and the daemon outlives its frontends.
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::*;
 use mqblk_client::Client;
+use support::daemon::*;
 
 /// While one frontend is connected, a second one is turned away at once (not left hanging in
 /// the listen backlog), and the first keeps working.

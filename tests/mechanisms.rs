@@ -1,6 +1,7 @@
 //! Each request-path mechanism, switched on and off, is active when on, silent when off, and
 //! data still verifies either way. Counters are read from the export's I/O threads directly
 //! (the export runs in this process).
+mod support;
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use mqblk::config::parse_export_spec;
 use mqblk::daemon::Export;
 use mqblk::io::IoCounters as Totals;
 use mqblk_client::{self as client, Pattern, Report, Workload};
+use support::daemon::TestDir;
 
 /// The export's I/O threads' counters, summed.
 fn totals(e: &Export) -> Totals {
@@ -21,7 +23,7 @@ fn run_with(opts: &str, w: Workload) -> (Report, Totals) {
 
 /// Serves a 16 MiB export (an image file unless `opts` names another engine) with `opts`.
 fn serve_and_run(opts: &str, mut w: Workload) -> (Report, Totals) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new();
     let sock = dir.path().join("s.sock");
     let img = dir.path().join("disk.img");
     let store = if opts.contains("engine=") {
@@ -151,7 +153,7 @@ fn thread_names() -> Vec<String> {
 fn sqpoll_runs_a_kernel_submission_thread_and_data_verifies() {
     let sqp = |names: &[String]| names.iter().filter(|n| n.starts_with("iou-sqp")).count();
     let before = sqp(&thread_names());
-    let dir = tempfile::tempdir().unwrap();
+    let dir = TestDir::new();
     let sock = dir.path().join("s.sock");
     let spec = format!(
         "socket={},path={},size=16M,direct=off,queues=2,sqpoll-idle-ms=5",

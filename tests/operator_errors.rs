@@ -4,21 +4,15 @@
 //!
 //! Some cases need root (they mount a tmpfs or ramfs, or drop privileges with setpriv); without
 //! it they print `SKIP` with the reason and pass.
-mod common;
+mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use mqblk_client::{fill_pattern, Client};
-
-fn mqblk_bin() -> PathBuf {
-    std::env::var_os("MQBLK_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mqblk")))
-}
+use support::daemon::*;
 
 /// Runs `mqblk serve ARGS` that must fail at startup: returns its last stderr line after
 /// checking that it exited non-zero within 10 s and that the line is one clear error.

@@ -1,10 +1,11 @@
 //! Sends a write to a read-only export with virtio-driver directly (libblkio would refuse it
 //! locally), to check that the daemon itself refuses it.
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use support::daemon::*;
+use support::mem::SharedMem;
 use virtio_driver::{
     VhostUser, VirtioBlkFeatureFlags, VirtioBlkQueue, VirtioBlkTransport, VirtioFeatureFlags,
 };
@@ -22,29 +23,14 @@ fn raw_write(socket: &std::path::Path, offset: u64, data: &[u8]) -> (bool, i32) 
     let ro = VirtioBlkFeatureFlags::from_bits_truncate(t.get_features())
         .contains(VirtioBlkFeatureFlags::RO);
     let len = data.len().div_ceil(4096) * 4096;
-    // SAFETY: plain syscalls; the mapping lives until the end of this function.
-    let (fd, addr) = unsafe {
-        let fd = libc::memfd_create(c"raw-buf".as_ptr(), 0);
-        assert!(fd >= 0);
-        assert_eq!(libc::ftruncate(fd, len as i64), 0);
-        let addr = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(addr, libc::MAP_FAILED);
-        (fd, addr as *mut u8)
-    };
-    let buf = unsafe { std::slice::from_raw_parts_mut(addr, len) };
-    buf[..data.len()].copy_from_slice(data);
+    let mut buf = SharedMem::new("raw-buf", len);
+    buf.as_mut_slice()[..data.len()].copy_from_slice(data);
     let mut queues = VirtioBlkQueue::<u32>::setup_queues(&mut *t, 1, 64).expect("queue setup");
-    t.map_mem_region(addr as usize, len, fd, 0)
+    t.map_mem_region(buf.as_ptr() as usize, len, buf.fd(), 0)
         .expect("map buffer");
     let q = &mut queues[0];
-    q.write(offset, &buf[..data.len()], 1).expect("queue write");
+    q.write(offset, &buf.as_mut_slice()[..data.len()], 1)
+        .expect("queue write");
     t.get_submission_notifier(0).notify().expect("kick");
     let deadline = Instant::now() + Duration::from_secs(10);
     let ret = loop {
@@ -54,12 +40,10 @@ fn raw_write(socket: &std::path::Path, offset: u64, data: &[u8]) -> (bool, i32) 
         assert!(Instant::now() < deadline, "no completion for the raw write");
         std::thread::sleep(Duration::from_millis(1));
     };
+    // The buffer outlives the queues and the transport that map it.
     drop(queues);
     drop(t);
-    unsafe {
-        libc::munmap(addr.cast(), len);
-        libc::close(fd);
-    }
+    drop(buf);
     (ro, ret)
 }
 

@@ -1,12 +1,12 @@
 //! 1000 connect / tiny I/O / disconnect cycles of a libblkio client against one daemon: the
 //! daemon's open descriptors, threads and memory mappings must not grow, and its anonymous
 //! memory must stay bounded. Set MQBLK_RECONNECT_CYCLES to run another number of cycles.
-mod common;
+mod support;
 
 use std::time::Instant;
 
-use common::*;
 use mqblk_client::{fill_pattern, Client};
+use support::daemon::*;
 
 /// What /proc says about a process.
 #[derive(Debug, Clone, Copy)]
@@ -74,11 +74,7 @@ fn cycle(sock: &std::path::Path, i: u64) -> u32 {
 
 #[test]
 fn reconnect_loop_leaks_no_descriptors_or_memory() {
-    let cycles: u64 = std::env::var("MQBLK_RECONNECT_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
-        .max(200);
+    let cycles: u64 = env_or("MQBLK_RECONNECT_CYCLES", 1000).max(200);
     let warmup = 100;
     let dir = TestDir::new();
     let img = dir.image("disk.img", 4 * MIB, None);

@@ -4,20 +4,14 @@
 //! CI runs a short soak (`MQBLK_SOAK_SECS`, default 12 s). The long soak is
 //! `MQBLK_SOAK_SECS=300 MQBLK_TEST_WATCHDOG_SECS=400 cargo test --release --test soak -- --nocapture`
 //! (the test daemon's watchdog must outlast the soak).
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use common::*;
 use mqblk_client::{self as client, Pattern, Workload};
+use support::daemon::*;
 
 const SIZE: u64 = 32 << 20;
-
-fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
 
 fn rss_anon_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -30,10 +24,7 @@ fn rss_anon_kib(pid: u32) -> u64 {
 
 #[test]
 fn soak_mixed_workload_with_concurrent_reconnects() {
-    let secs: u64 = std::env::var("MQBLK_SOAK_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(12);
+    let secs: u64 = env_or("MQBLK_SOAK_SECS", 12);
     let dir = TestDir::new();
     let exports: Vec<Export> = (0..2)
         .map(|i| {

@@ -1,15 +1,15 @@
-#![allow(dead_code)]
-//! What the QEMU guest tests share (`tests/guest.rs` and `tests/guest_reconnect.rs`, through
-//! `#[path]`): child processes killed when dropped, tool checks, and the initramfs build.
+//! Child processes that are killed when dropped, and tool checks.
 
 use std::io;
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// Appended to "cannot start" messages.
-pub const START_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
-    busybox-static, fio and the guest kernel";
+use super::qemu::SETUP_HINT;
+
+/// How often the waits look.
+const POLL: Duration = Duration::from_millis(20);
 
 pub struct Proc {
     pub name: String,
@@ -20,8 +20,17 @@ impl Proc {
     pub fn spawn(name: String, cmd: &mut Command) -> Self {
         let child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}; {START_HINT}"));
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}; {SETUP_HINT}"));
         Proc { name, child }
+    }
+
+    /// [`Proc::spawn`] with no stdin and stdout and stderr into a new file `log`.
+    pub fn spawn_logged(name: String, cmd: &mut Command, log: &Path) -> Self {
+        let out =
+            std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let err = out.try_clone().expect("duplicate the log's fd");
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        Self::spawn(name, cmd)
     }
 
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
@@ -38,7 +47,7 @@ impl Proc {
             if Instant::now() >= deadline {
                 return Ok(None);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL);
         }
     }
 
@@ -58,10 +67,79 @@ impl Proc {
     pub fn kill(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             if let Err(e) = self.child.kill() {
-                eprintln!("guest reconnect test: killing {}: {e}", self.name);
+                eprintln!("killing {}: {e}", self.name);
             }
             // SIGKILL cannot be caught, so this wait is bounded.
             let _ = self.child.wait();
+        }
+    }
+
+    /// Waits until the process has created the unix socket `socket` and `ready()` holds (for a
+    /// socket left behind by a killed predecessor, `ready` looks for more); fails early if the
+    /// process exits.
+    pub fn wait_for_socket(
+        &mut self,
+        socket: &Path,
+        timeout: Duration,
+        ready: impl Fn() -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(meta) = std::fs::metadata(socket) {
+                if !meta.file_type().is_socket() {
+                    return Err(format!("{} exists but is not a socket", socket.display()));
+                }
+                if ready() {
+                    return Ok(());
+                }
+            }
+            match self.try_wait() {
+                Ok(Some(status)) => {
+                    return Err(format!(
+                        "{} exited ({status}) before listening on {}",
+                        self.name,
+                        socket.display()
+                    ))
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("waiting for {}: {e}", self.name)),
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} did not listen on {} within {timeout:?}",
+                    self.name,
+                    socket.display()
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Sends SIGTERM and expects a clean exit (status 0) within `timeout`; returns what is wrong.
+    pub fn terminate(&mut self, timeout: Duration) -> Vec<String> {
+        let name = self.name.clone();
+        match self.try_wait() {
+            Ok(Some(status)) => {
+                return vec![format!(
+                    "{name} exited on its own ({status}) before the test sent SIGTERM"
+                )]
+            }
+            Ok(None) => {}
+            Err(e) => return vec![format!("checking on {name}: {e}")],
+        }
+        if let Err(e) = self.signal(libc::SIGTERM) {
+            return vec![format!("sending SIGTERM to {name}: {e}")];
+        }
+        match self.wait_timeout(timeout) {
+            Ok(Some(status)) if status.success() => vec![],
+            Ok(Some(status)) => vec![format!("{name} exited with {status} after SIGTERM")],
+            Ok(None) => {
+                self.kill();
+                vec![format!(
+                    "{name} did not exit within {timeout:?} of SIGTERM (killed it)"
+                )]
+            }
+            Err(e) => vec![format!("waiting for {name} after SIGTERM: {e}")],
         }
     }
 }
@@ -89,105 +167,6 @@ pub fn tool_version(tool: &str) -> String {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         ),
-        Err(e) => panic!("cannot run {tool}: {e}; {START_HINT}"),
+        Err(e) => panic!("cannot run {tool}: {e}; {SETUP_HINT}"),
     }
-}
-
-/// Runs an initramfs build script (`rel`, relative to the repository; a no-op when its output is
-/// up to date) and returns the path it prints.
-pub fn build_initramfs(repo: &Path, rel: &str) -> PathBuf {
-    let script = repo.join(rel);
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        script.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(
-        path.is_file(),
-        "{} printed {path:?}, which is not a file",
-        script.display()
-    );
-    path
-}
-
-/// What differs between the guest tests' QEMU runs; [`spawn_qemu`] adds the common rest.
-pub struct Qemu<'a> {
-    /// vCPUs.
-    pub smp: usize,
-    /// `-cpu` model, if not QEMU's default.
-    pub cpu: Option<&'a str>,
-    /// The vhost-user socket.
-    pub socket: &'a Path,
-    /// More chardev options, each with its leading comma (e.g. `,reconnect-ms=200`).
-    pub chardev_extra: String,
-    /// Virtqueues of the vhost-user-blk device.
-    pub queues: usize,
-    /// File for the serial console.
-    pub console: &'a Path,
-    pub kernel: &'a Path,
-    pub initramfs: &'a Path,
-    /// Kernel command line.
-    pub append: String,
-    /// QEMU's own stdout and stderr.
-    pub log: std::fs::File,
-}
-
-/// Starts QEMU under TCG with a vhost-user-blk disk on `q.socket` and shared (memfd) guest
-/// memory, booting `q.kernel` and `q.initramfs` with the console in a file.
-pub fn spawn_qemu(q: Qemu) -> Proc {
-    let log2 = q.log.try_clone().expect("duplicate the QEMU log's fd");
-    let mut args: Vec<(&str, String)> = vec![
-        ("-nodefaults", String::new()),
-        ("-no-user-config", String::new()),
-        ("-accel", "tcg".into()),
-    ];
-    if let Some(cpu) = q.cpu {
-        args.push(("-cpu", cpu.into()));
-    }
-    args.extend([
-        ("-smp", q.smp.to_string()),
-        ("-m", "512M".into()),
-        // vhost-user needs guest memory that the backend can map: a shared memfd.
-        (
-            "-object",
-            "memory-backend-memfd,id=mem,size=512M,share=on".into(),
-        ),
-        ("-machine", "q35,memory-backend=mem".into()),
-        (
-            "-chardev",
-            format!(
-                "socket,id=vub0,path={}{}",
-                q.socket.display(),
-                q.chardev_extra
-            ),
-        ),
-        (
-            "-device",
-            format!("vhost-user-blk-pci,chardev=vub0,num-queues={}", q.queues),
-        ),
-        ("-display", "none".into()),
-        ("-monitor", "none".into()),
-        ("-serial", format!("file:{}", q.console.display())),
-        ("-no-reboot", String::new()),
-        ("-kernel", q.kernel.display().to_string()),
-        ("-initrd", q.initramfs.display().to_string()),
-        ("-append", q.append),
-    ]);
-    let mut cmd = Command::new("qemu-system-x86_64");
-    for (opt, value) in args {
-        cmd.arg(opt);
-        if !value.is_empty() {
-            cmd.arg(value);
-        }
-    }
-    cmd.stdin(Stdio::null()).stdout(log2).stderr(q.log);
-    Proc::spawn("qemu-system-x86_64".into(), &mut cmd)
 }

@@ -3,11 +3,8 @@
 //!
 //! Set `MQBLK_TEST_BACKEND=qsd` to run the same tests against qemu-storage-daemon instead (the
 //! reference backend; thread-mapping settings are ignored there), or `MQBLK_BIN` to run another
-//! build of mqblk. Set `MQBLK_TEST_LOG_LEVEL` to
-//! pass `--log-level` to mqblk. The daemon's output goes to `daemon.log` in the test's directory
-//! and is printed when the test fails.
-
-#![allow(dead_code)]
+//! build of mqblk. Set `MQBLK_TEST_LOG_LEVEL` to pass `--log-level` to mqblk. The daemon's
+//! output goes to `daemon.log` in the test's directory and is printed when the test fails.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -31,11 +28,15 @@ pub const WATCHDOG: Duration = Duration::from_secs(60);
 /// The watchdog for this test process: `MQBLK_TEST_WATCHDOG_SECS` or [`WATCHDOG`]. Long
 /// soaks raise it; without it a daemon would be killed under a soak longer than a minute.
 pub fn watchdog() -> Duration {
-    std::env::var("MQBLK_TEST_WATCHDOG_SECS")
+    Duration::from_secs(env_or("MQBLK_TEST_WATCHDOG_SECS", WATCHDOG.as_secs()))
+}
+
+/// A test's knob: the environment variable `name` if it is set and parses, else `default`.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
-        .and_then(|s| s.parse().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(WATCHDOG)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 pub const KIB: u64 = 1024;
@@ -298,7 +299,7 @@ impl Export {
 }
 
 /// The daemon binary: this package's `mqblk`, or `MQBLK_BIN` if set.
-fn mqblk_bin() -> PathBuf {
+pub fn mqblk_bin() -> PathBuf {
     std::env::var_os("MQBLK_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mqblk")))
@@ -477,6 +478,27 @@ impl Drop for Daemon {
             );
         }
     }
+}
+
+/// The first export's count of write-through writes (`sync_writes`), from the daemon's
+/// `--stats-file`. The file is rewritten every 100 ms: this waits 300 ms first, so that what the
+/// test did just before is counted.
+pub fn stats_sync_writes(stats: &Path) -> Result<u64, String> {
+    std::thread::sleep(Duration::from_millis(300));
+    let text = std::fs::read_to_string(stats)
+        .map_err(|e| format!("reading mqblk's stats file {}: {e}", stats.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("mqblk's stats file: {e}: {text}"))?;
+    v["exports"][0]["sync_writes"]
+        .as_u64()
+        .ok_or_else(|| format!("no sync_writes in mqblk's stats file: {text}"))
+}
+
+/// How many file descriptors process `pid` has open (0 if it cannot be read).
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).

@@ -1,0 +1,78 @@
+//! Memory shared with the daemon the way a vhost-user frontend shares guest memory: memfds, and
+//! shared mappings of them.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+/// A memfd of `len` bytes (zeroes).
+pub fn memfd(name: &str, len: u64) -> File {
+    let name = CString::new(name).expect("a memfd name without NUL");
+    // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
+    let f = unsafe {
+        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        File::from_raw_fd(fd)
+    };
+    f.set_len(len).expect("sizing a memfd");
+    f
+}
+
+/// A memfd mapped shared into this process: what the daemon maps from the descriptor, this
+/// process sees at [`SharedMem::as_ptr`].
+pub struct SharedMem {
+    file: File,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMem {
+    pub fn new(name: &str, len: usize) -> Self {
+        let file = memfd(name, len as u64);
+        // SAFETY: a new shared mapping of a descriptor we own; it is unmapped in Drop and
+        // nothing else maps at its address meanwhile.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap of a memfd");
+        SharedMem {
+            file,
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The mapping as a slice. The daemon may write to it concurrently only while a request is
+    /// in flight; callers look at it after the answer.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is live and `len` long, and `&mut self` keeps this process from
+        // making another slice of it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in new(); no slice of it outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}

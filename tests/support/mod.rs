@@ -1,0 +1,19 @@
+//! What the integration tests share. Each test file is its own crate and pulls this folder in
+//! with `mod support;`; a test uses only part of it, hence `dead_code` is allowed here.
+//!
+//! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
+//!   with its `--export` specs.
+//! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
+//!   and rings.
+//! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
+//! - [`proc`]: child processes that are killed when dropped, and tool checks.
+//! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
+//! - [`rng`]: a seeded generator for randomized tests.
+#![allow(dead_code)]
+
+pub mod daemon;
+pub mod frontend;
+pub mod mem;
+pub mod proc;
+pub mod qemu;
+pub mod rng;
