@@ -80,19 +80,10 @@ impl IoThread {
         }
     }
 
-    /// Marks a queue broken by its guest: nothing more is taken from it until it restarts.
-    fn broke(&mut self, local: usize, what: &'static str) {
-        let Some(q) = self.queues[local].as_mut() else {
-            return;
-        };
-        q.broken = true;
-        if let Some(d) = self.log.allow() {
-            tracing::error!(
-                queue = q.index,
-                err = what,
-                dropped_logs = d,
-                "guest broke the ring; queue stopped until reset"
-            );
+    /// Marks a queue broken by its guest.
+    fn broke(&mut self, local: usize, why: &'static str) {
+        if let Some(q) = self.queues[local].as_mut() {
+            q.mark_broken(why, &mut self.log);
         }
     }
 

@@ -282,17 +282,7 @@ impl IoThread {
         for q in self.queues.iter_mut().flatten().filter(|q| q.is_serving()) {
             match q.enable_notifications(mem) {
                 Ok(f) => found |= f,
-                Err(e) => {
-                    q.broken = true;
-                    if let Some(d) = self.log.allow() {
-                        tracing::error!(
-                            queue = q.index,
-                            err = e,
-                            dropped_logs = d,
-                            "guest broke the ring; queue stopped until reset"
-                        );
-                    }
-                }
+                Err(e) => q.mark_broken(e, &mut self.log),
             }
         }
         found

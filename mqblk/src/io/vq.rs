@@ -14,6 +14,7 @@ use std::sync::mpsc::SyncSender;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 use super::inflight::InflightQueue;
+use super::rate_limit::RateLimit;
 use super::GuestMemory;
 
 /// What popping a queue found.
@@ -80,6 +81,20 @@ impl Vq {
             stop_reply: None,
             track,
             snapshot: 0,
+        }
+    }
+
+    /// The guest broke the ring (`why`): nothing more is taken from this queue until the
+    /// frontend restarts it. Other queues go on.
+    pub fn mark_broken(&mut self, why: &str, log: &mut RateLimit) {
+        self.broken = true;
+        if let Some(d) = log.allow() {
+            tracing::error!(
+                queue = self.index,
+                err = why,
+                dropped_logs = d,
+                "guest broke the ring; queue stopped until reset"
+            );
         }
     }
 
