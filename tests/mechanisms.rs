@@ -180,3 +180,44 @@ fn sqpoll_runs_a_kernel_submission_thread_and_data_verifies() {
         "no SQPOLL threads: {before} before, {during} with the export"
     );
 }
+
+#[test]
+fn in_flight_and_notification_counters_describe_the_pipeline() {
+    // A file through io_uring keeps requests at the engine for a while: the time-integrated
+    // in-flight counter grows, and its mean over the run stays within what the client allows.
+    let mut w = verify(1, 1, 16);
+    w.pattern = Pattern::RandRead;
+    w.runtime = Some(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    let (r, t) = run_with("queues=1,poll=off", w);
+    let wall = started.elapsed();
+    assert!(r.clean() && r.ios > 0, "{r}");
+    assert!(
+        t.engine_in_flight_ns > 0,
+        "nothing was ever in flight at the engine: {t:?}"
+    );
+    let mean = t.engine_in_flight_ns as f64 / wall.as_nanos() as f64;
+    assert!(
+        mean <= 16.0,
+        "more in flight than iodepth 16: {mean} ({t:?})"
+    );
+    // Every notification lands in one bucket of the histogram, and the buckets' lower bounds
+    // account for at most the requests completed.
+    let h = t.used_per_notify();
+    assert_eq!(h.iter().map(|b| b.1).sum::<u64>(), t.notifies, "{t:?}");
+    assert!(
+        h.iter().map(|b| u64::from(b.0) * b.1).sum::<u64>() <= t.requests,
+        "{t:?}"
+    );
+
+    // The null engine completes at once: nothing is ever in flight at it.
+    let mut w = Workload::new("unset");
+    w.ops_per_job = Some(2000);
+    let (r, t) = serve_and_run("engine=null,queues=1", w);
+    assert!(r.clean(), "{r}");
+    assert_eq!(t.engine_in_flight_ns, 0, "{t:?}");
+    assert!(
+        t.notifies > 0 && t.used_per_notify_1 > 0,
+        "iodepth 1: one used entry per notification: {t:?}"
+    );
+}

@@ -30,6 +30,9 @@ pub struct MqblkCounters {
     pub kicks_per_io: Option<f64>,
     /// enters / requests: the I/O threads' io_uring_enter syscalls per I/O.
     pub enters_per_io: Option<f64>,
+    /// Mean requests in flight at the engine while the client ran (all I/O threads): how
+    /// full the backend kept the device, to compare with jobs × iodepth.
+    pub in_flight: Option<f64>,
 }
 
 impl MqblkCounters {
@@ -43,8 +46,16 @@ impl MqblkCounters {
             notifies_per_io: per(c.notifies, c.requests),
             kicks_per_io: per(c.kicks, c.requests),
             enters_per_io: per(c.enters, c.requests),
+            in_flight: None,
             counters: c,
         }
+    }
+
+    /// Sets `in_flight` from the counters, for a client that ran `elapsed_s`.
+    pub fn with_elapsed(mut self, elapsed_s: f64) -> Self {
+        self.in_flight =
+            (elapsed_s > 0.0).then(|| self.counters.engine_in_flight_ns as f64 / (elapsed_s * 1e9));
+        self
     }
 }
 
@@ -123,6 +134,8 @@ pub struct Summary {
     pub notifies_per_io: Option<Stat>,
     /// mqblk: io_uring_enter syscalls per I/O.
     pub enters_per_io: Option<Stat>,
+    /// mqblk: mean requests in flight at the engine.
+    pub in_flight: Option<Stat>,
 }
 
 impl Summary {
@@ -150,6 +163,7 @@ impl Summary {
             merges_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.merges_per_io)),
             notifies_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.notifies_per_io)),
             enters_per_io: st(&|s| s.mqblk.as_ref().and_then(|m| m.enters_per_io)),
+            in_flight: st(&|s| s.mqblk.as_ref().and_then(|m| m.in_flight)),
         }
     }
 }
@@ -362,10 +376,11 @@ impl BenchResults {
             );
             let _ = writeln!(
                 s,
-                "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
+                "  {:<34} {:>4} {:>26} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
                 "series",
                 "jobs",
                 "IOPS",
+                "in flight",
                 "MB/s",
                 "p50 us",
                 "p99 us",
@@ -389,10 +404,11 @@ impl BenchResults {
                     .unwrap_or_else(|| "FAILED".into());
                 let _ = writeln!(
                     s,
-                    "  {:<34} {:>4} {:>26} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
+                    "  {:<34} {:>4} {:>26} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
                     p.label,
                     p.config.jobs,
                     iops,
+                    med(&m.in_flight, 1),
                     med(&m.mb_per_s, 1),
                     med(&m.p50_us, 0),
                     med(&m.p99_us, 0),
@@ -485,8 +501,10 @@ impl BenchResults {
              as the client sees it. CPU is the backend process's user+system time (from \
              /proc/PID/stat) per million I/Os; *total* adds the client's (for native fio: fio's \
              own). RSS is the backend's VmHWM; RssAnon the largest sampled during the run. \
-             req/submit (requests per io_uring_enter that carried I/O), merges/I/O, notif/I/O and \
-             syscalls/I/O (the I/O threads' io_uring_enter calls of any kind) are mqblk's own counters. *others' CPU* is the CPU \
+             *in flight* (the mean number of requests at the engine while the client ran, against \
+             jobs × iodepth: how full the device was kept), req/submit (requests per \
+             io_uring_enter that carried I/O), merges/I/O, notif/I/O and syscalls/I/O (the I/O \
+             threads' io_uring_enter calls of any kind) are mqblk's own counters. *others' CPU* is the CPU \
              that other processes used meanwhile (from /proc/stat, in % of all CPUs): where it is \
              high, the point was disturbed.\n"
         );
@@ -494,11 +512,11 @@ impl BenchResults {
             let _ = writeln!(s, "## {w}, iodepth {qd}\n");
             let _ = writeln!(
                 s,
-                "| series | jobs | IOPS | MB/s | p50 µs | p99 µs | p99.9 µs | CPU s/M I/O | total CPU s/M I/O | peak RSS MiB | RssAnon MiB | req/submit | merges/I/O | notif/I/O | syscalls/I/O | others' CPU % |"
+                "| series | jobs | IOPS | in flight | MB/s | p50 µs | p99 µs | p99.9 µs | CPU s/M I/O | total CPU s/M I/O | peak RSS MiB | RssAnon MiB | req/submit | merges/I/O | notif/I/O | syscalls/I/O | others' CPU % |"
             );
             let _ = writeln!(
                 s,
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for p in pts {
                 let m = &p.summary;
@@ -508,7 +526,7 @@ impl BenchResults {
                 };
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     p.label,
                     p.config.jobs,
                     if m.samples == 0 {
@@ -516,6 +534,7 @@ impl BenchResults {
                     } else {
                         c(&m.iops, 0)
                     },
+                    c(&m.in_flight, 1),
                     c(&m.mb_per_s, 1),
                     c(&m.p50_us, 0),
                     c(&m.p99_us, 0),

@@ -259,7 +259,7 @@ impl<'a> RunEnv<'a> {
         );
         ensure!(report.ios > 0, "no request completed");
         let mqblk = if p.backend == Backend::Mqblk {
-            Some(read_stats(&stats)?)
+            Some(read_stats(&stats)?.with_elapsed(report.elapsed.as_secs_f64()))
         } else {
             None
         };

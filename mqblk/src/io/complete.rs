@@ -93,6 +93,7 @@ impl IoThread {
                 1
             };
             self.slots.release(id);
+            self.engine_in_flight -= 1;
             self.answer(queue, head, status, used_len, Some(status_addr), &mem);
         }
         self.mem = Some(mem);

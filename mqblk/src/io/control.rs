@@ -99,8 +99,9 @@ impl IoThread {
             let mut q = self.queues[local].take().expect("checked");
             // Publish what completed before stopping.
             if let Some(mem) = self.mem.as_deref() {
-                if q.take_notification(mem) {
+                if let Some(used) = q.take_notification(mem) {
                     if let Some(call) = q.call.as_ref() {
+                        self.counters.count_notification(used);
                         self.ring.push_notify(call, &mut self.counters);
                     }
                 }

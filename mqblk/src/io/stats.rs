@@ -90,9 +90,49 @@ counters! {
     fixed_file_ios,
     /// Writes issued write-through (RWF_DSYNC: the guest turned the write cache off).
     sync_writes,
+    /// Requests in flight at the engine, integrated over time (request-nanoseconds): its
+    /// increase over an interval, divided by the interval, is the mean number in flight, i.e.
+    /// how full the thread kept the device.
+    engine_in_flight_ns,
+    /// Guest notifications that published 1 used entry.
+    used_per_notify_1,
+    /// Guest notifications that published 2 or 3 used entries.
+    used_per_notify_2_3,
+    /// Guest notifications that published 4 to 7 used entries.
+    used_per_notify_4_7,
+    /// Guest notifications that published 8 to 15 used entries.
+    used_per_notify_8_15,
+    /// Guest notifications that published 16 to 31 used entries.
+    used_per_notify_16_31,
+    /// Guest notifications that published 32 or more used entries.
+    used_per_notify_32_up,
 }
 
 impl IoCounters {
+    /// Counts a guest notification that published `used` entries in its histogram bucket.
+    pub fn count_notification(&mut self, used: u32) {
+        match used {
+            0 | 1 => self.used_per_notify_1 += 1,
+            2..=3 => self.used_per_notify_2_3 += 1,
+            4..=7 => self.used_per_notify_4_7 += 1,
+            8..=15 => self.used_per_notify_8_15 += 1,
+            16..=31 => self.used_per_notify_16_31 += 1,
+            _ => self.used_per_notify_32_up += 1,
+        }
+    }
+
+    /// The notification histogram: (smallest count of the bucket, notifications).
+    pub fn used_per_notify(&self) -> [(u32, u64); 6] {
+        [
+            (1, self.used_per_notify_1),
+            (2, self.used_per_notify_2_3),
+            (4, self.used_per_notify_4_7),
+            (8, self.used_per_notify_8_15),
+            (16, self.used_per_notify_16_31),
+            (32, self.used_per_notify_32_up),
+        ]
+    }
+
     /// The sum of several threads' published counters.
     pub fn sum<'a>(threads: impl IntoIterator<Item = &'a SharedCounters>) -> IoCounters {
         let mut total = IoCounters::default();
@@ -132,5 +172,10 @@ mod tests {
         let back: IoCounters = serde_json::from_str(r#"{"requests": 7, "future": 1}"#).unwrap();
         assert_eq!(back.requests, 7);
         assert_eq!(IoCounters::sum([&shared, &shared]).requests, 6);
+        for n in [1, 3, 4, 15, 16, 31, 32, 1000] {
+            a.count_notification(n);
+        }
+        let h: Vec<u64> = a.used_per_notify().iter().map(|b| b.1).collect();
+        assert_eq!(h, vec![1, 1, 1, 1, 2, 2]);
     }
 }

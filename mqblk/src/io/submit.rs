@@ -199,6 +199,7 @@ impl IoThread {
             self.counters.merges += (run.len() - 1) as u64;
         }
         self.counters.submitted += run.len() as u64;
+        self.engine_in_flight += run.len() as u64;
         let op = self.op_of(lead);
         match op {
             Op::Read {

@@ -67,6 +67,10 @@ pub(super) struct IoThread {
     pub(super) tuning: Tuning,
     pub(super) batch: BatchPolicy,
     poll: PollPolicy,
+    /// Requests started on the engine and not yet completed.
+    pub(super) engine_in_flight: u64,
+    /// When `engine_in_flight` was last integrated into the counters.
+    in_flight_since: Instant,
 }
 
 impl IoThread {
@@ -115,6 +119,8 @@ impl IoThread {
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,
+            engine_in_flight: 0,
+            in_flight_since: Instant::now(),
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {
@@ -126,6 +132,7 @@ impl IoThread {
     /// The loop: reap, gather and start, finish stops, notify; then poll or sleep.
     pub(super) fn run(&mut self) {
         loop {
+            self.integrate_in_flight();
             self.reap();
             self.gather();
             self.start_staged();
@@ -159,6 +166,16 @@ impl IoThread {
             self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
         self.shared.publish(&self.counters);
+    }
+
+    /// Adds the time since the last call, times the requests in flight at the engine, to
+    /// `engine_in_flight_ns`. Called once per loop iteration: the count changes only while
+    /// the loop works, and holds while it sleeps or polls, which is where the time goes.
+    fn integrate_in_flight(&mut self) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.in_flight_since).as_nanos() as u64;
+        self.counters.engine_in_flight_ns += self.engine_in_flight * dt;
+        self.in_flight_since = now;
     }
 
     /// Reads the wake eventfd through the ring: its completion means commands wait.
@@ -294,8 +311,9 @@ impl IoThread {
             return;
         };
         for q in self.queues.iter_mut().flatten() {
-            if q.take_notification(mem) {
+            if let Some(used) = q.take_notification(mem) {
                 if let Some(call) = q.call.as_ref() {
+                    self.counters.count_notification(used);
                     self.ring.push_notify(call, &mut self.counters);
                 }
             }

@@ -56,6 +56,8 @@ pub struct Vq {
     pub track: Option<InflightQueue>,
     /// Avail entries still to pop from the last snapshot of the avail index.
     snapshot: u16,
+    /// Used entries published since the guest was last notified.
+    used_since_notify: u32,
 }
 
 impl Vq {
@@ -81,6 +83,7 @@ impl Vq {
             stop_reply: None,
             track,
             snapshot: 0,
+            used_since_notify: 0,
         }
     }
 
@@ -203,17 +206,22 @@ impl Vq {
             t.after_used(head, self.queue.next_used());
         }
         self.used_added = true;
+        self.used_since_notify += 1;
         r
     }
 
     /// Whether the guest wants a notification for the used entries added since the last
-    /// decision (EVENT_IDX's used_event, or the NO_INTERRUPT flag without it). A ring that
-    /// cannot be read gets one: a spurious interrupt is harmless, a lost one hangs the guest.
-    pub fn take_notification(&mut self, mem: &GuestMemory) -> bool {
+    /// decision (EVENT_IDX's used_event, or the NO_INTERRUPT flag without it); if so, how many
+    /// used entries it publishes. A ring that cannot be read gets one: a spurious interrupt is
+    /// harmless, a lost one hangs the guest.
+    pub fn take_notification(&mut self, mem: &GuestMemory) -> Option<u32> {
         if !std::mem::take(&mut self.used_added) {
-            return false;
+            return None;
         }
-        self.call.is_some() && self.queue.needs_notification(mem).unwrap_or(true)
+        if self.call.is_none() || !self.queue.needs_notification(mem).unwrap_or(true) {
+            return None;
+        }
+        Some(std::mem::take(&mut self.used_since_notify))
     }
 }
 
@@ -300,23 +308,29 @@ mod tests {
             heads.push(c.head_index());
         }
         assert_eq!(heads.len(), 4);
-        assert!(!vq.take_notification(&mem), "nothing used yet");
+        assert_eq!(vq.take_notification(&mem), None, "nothing used yet");
         // The guest asks to be told once the used index passes 1: used_event, the u16 after
         // the avail ring's 16 entries, is 1.
         let used_event = mock.avail_addr().unchecked_add(4 + 2 * 16);
         vm_memory::Bytes::write_obj(&mem, 1u16, used_event).unwrap();
         vq.add_used(&mem, heads[0], 0, 16).unwrap();
-        assert!(
-            !vq.take_notification(&mem),
+        assert_eq!(
+            vq.take_notification(&mem),
+            None,
             "used idx 1 does not pass used_event 1"
         );
         vq.add_used(&mem, heads[1], 0, 16).unwrap();
-        assert!(vq.take_notification(&mem), "used idx 2 passes used_event 1");
+        assert_eq!(
+            vq.take_notification(&mem),
+            Some(2),
+            "used idx 2 passes used_event 1, with 2 used"
+        );
         vq.add_used(&mem, heads[2], 0, 16).unwrap();
-        assert!(
-            !vq.take_notification(&mem),
+        assert_eq!(
+            vq.take_notification(&mem),
+            None,
             "already told; used_event not moved"
         );
-        assert!(!vq.take_notification(&mem), "no new used entry");
+        assert_eq!(vq.take_notification(&mem), None, "no new used entry");
     }
 }
