@@ -244,6 +244,16 @@ pub const KEYS: &[Key] = &[
             Some(())
         },
     },
+    Key {
+        name: "submit-early",
+        value: "on|off",
+        help: "hand a batch's first I/Os to the kernel while the rest is still being parsed, as long as the device holds fewer than are queued (slow start: 1, 1, 2, 4... per syscall), so that an idle device never waits for the whole batch (default on; off: one syscall per batch)",
+        allowed: ON_OFF,
+        apply: |c, v| {
+            c.tuning.submit_early = parse_bool(v)?;
+            Some(())
+        },
+    },
 ];
 
 /// The key called `name`.

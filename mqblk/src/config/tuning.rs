@@ -36,6 +36,9 @@ pub struct Tuning {
     pub sqpoll_idle_ms: u32,
     /// Set up rings with COOP_TASKRUN (completions never interrupt the I/O thread).
     pub coop_taskrun: bool,
+    /// Submit a batch's first I/Os before the rest is parsed while the device holds fewer
+    /// (`io::policy::submit`), instead of the whole batch with one syscall.
+    pub submit_early: bool,
 }
 
 impl Default for Tuning {
@@ -50,6 +53,7 @@ impl Default for Tuning {
             fixed_buffers: false,
             sqpoll_idle_ms: 0,
             coop_taskrun: true,
+            submit_early: true,
         }
     }
 }

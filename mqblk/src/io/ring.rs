@@ -13,6 +13,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use super::policy::submit::submit_early;
 use super::stats::IoCounters;
 use super::GuestMemory;
 use crate::config::Tuning;
@@ -103,6 +104,8 @@ pub struct Ring {
     queued: u32,
     /// Engine I/Os among them.
     queued_io: u32,
+    /// Engine I/Os submitted and not yet completed.
+    io_at_device: u64,
     /// Flags of the guest-notification writes: no completion entry when they succeed (where
     /// the kernel can), so a notification never wakes this thread by itself.
     notify_flags: squeue::Flags,
@@ -157,6 +160,7 @@ impl Ring {
             uring,
             queued: 0,
             queued_io: 0,
+            io_at_device: 0,
             notify_flags,
             taskrun_flag,
             fixed_file: false,
@@ -294,8 +298,15 @@ impl Ring {
         if self.queued_io > 0 {
             c.submits += 1;
         }
+        self.io_at_device += u64::from(self.queued_io);
         self.queued = 0;
         self.queued_io = 0;
+    }
+
+    /// Whether the engine I/Os queued so far should go to the kernel now, before the rest of
+    /// the batch (`policy::submit`).
+    pub fn submit_early_due(&self) -> bool {
+        submit_early(u64::from(self.queued_io), self.io_at_device)
     }
 
     /// Whether entries wait to be submitted.
@@ -345,11 +356,15 @@ impl Ring {
 
     /// The next completion, if any.
     pub fn next_completion(&mut self) -> Option<Completion> {
-        self.uring.completion().next().map(|cqe| Completion {
+        let c = self.uring.completion().next().map(|cqe| Completion {
             token: Token::decode(cqe.user_data()),
             result: cqe.result(),
             flags: cqe.flags(),
-        })
+        })?;
+        if let Token::Io(_) = c.token {
+            self.io_at_device = self.io_at_device.saturating_sub(1);
+        }
+        Some(c)
     }
 
     /// Registers `mem` as fixed buffers (in chunks io_uring accepts), replacing what was

@@ -225,6 +225,9 @@ impl IoThread {
                 // The slot is reused only after this entry's completion, and guest memory is
                 // swapped only when no slot is in use.
                 unsafe { self.ring.push_io(sqe, lead, &mut self.counters) };
+                if self.tuning.submit_early && self.ring.submit_early_due() {
+                    self.ring.submit(&mut self.counters);
+                }
             }
             Started::Pending => {}
             Started::Done(res) => self.complete_io(lead, res),
