@@ -5,7 +5,8 @@
 //! kick (multishot poll on the kick eventfd) or a poll of the avail ring
 //!   -> pop avail chains (vq) -> parse + validate (blk::request) -> map to host iovecs (slots)
 //!   -> merge adjacent requests (policy::merge) -> start on the engine channel (submit)
-//!   -> one io_uring_enter for the batch (ring)
+//!   -> io_uring_enter: early while the device holds fewer I/Os than are queued, else once
+//!      for the batch (policy::submit, ring)
 //!   -> reap completions on this thread -> status byte + used entry (complete)
 //!   -> one guest notification per queue per batch, if EVENT_IDX says the guest wants it (vq)
 //!   -> adapt the poll window and batch wait (policy)
@@ -16,7 +17,7 @@
 //! [`slots`] (the slot table and iovec mapping), [`inflight`] (the in-flight region a
 //! restarted backend resubmits from), `submit` (staging, merging, starting I/O),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
-//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging).
+//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission).
 //!
 //! Nothing here takes a lock shared with another I/O thread or allocates per request once warm.
 
