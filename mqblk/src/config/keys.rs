@@ -41,6 +41,18 @@ const ON_OFF: &str = "on or off";
 /// Every export key, in the order the help and the README list them.
 pub const KEYS: &[Key] = &[
     Key {
+        name: "id",
+        value: "NAME",
+        help: "the export's name in the management API, the stats and the metrics (default: the socket's file name without its extension)",
+        allowed: "1 to 64 letters, digits, '-', '_' or '.'",
+        apply: |c, v| {
+            let ok = (1..=64).contains(&v.len())
+                && v.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch));
+            c.id = Some(v.to_string()).filter(|_| ok)?;
+            Some(())
+        },
+    },
+    Key {
         name: "socket",
         value: "PATH",
         help: "vhost-user unix socket to listen on (required)",

@@ -68,6 +68,11 @@ pub enum ConfigError {
     /// Two exports on one socket.
     #[error("two exports use socket={0}: each export needs its own socket")]
     SharedSocket(String),
+    /// Two exports with one id.
+    #[error(
+        "two exports have id={0}: give each export its own id= (by default the socket's file name)"
+    )]
+    SharedId(String),
 }
 
 /// Which storage engine serves an export.
@@ -95,6 +100,8 @@ pub enum Threads {
 /// One export: a disk served on one vhost-user socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportConfig {
+    /// The export's name (API, stats, metrics); derived from the socket when not given.
+    pub id: String,
     /// The vhost-user unix socket to listen on.
     pub socket: PathBuf,
     /// Backing file or block device (uring engine).
@@ -125,6 +132,7 @@ impl Default for ExportConfig {
     /// Every key's default; `socket` is empty (required).
     fn default() -> Self {
         ExportConfig {
+            id: String::new(),
             socket: PathBuf::new(),
             path: None,
             engine: EngineKind::Uring,
@@ -195,6 +203,9 @@ impl ExportConfig {
                 "socket=PATH is required (the vhost-user unix socket to listen on)",
             ));
         }
+        if self.id.is_empty() {
+            self.id = default_id(&self.socket);
+        }
         match self.engine {
             EngineKind::Uring if self.path.is_none() => {
                 return Err(ConfigError::Required(
@@ -220,6 +231,31 @@ impl ExportConfig {
             self.tuning.poll = PollMode::Off;
         }
         Ok(())
+    }
+}
+
+/// An export's default id: its socket's file name without the extension, with any character
+/// an id may not hold replaced by '_'.
+fn default_id(socket: &std::path::Path) -> String {
+    let stem = socket
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let id: String = stem
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if id.is_empty() {
+        "export".into()
+    } else {
+        id
     }
 }
 
@@ -281,6 +317,9 @@ pub fn check_exports(exports: &[ExportConfig]) -> Result<(), ConfigError> {
         if exports[i + 1..].iter().any(|b| b.socket == a.socket) {
             return Err(ConfigError::SharedSocket(a.socket.display().to_string()));
         }
+        if exports[i + 1..].iter().any(|b| b.id == a.id) {
+            return Err(ConfigError::SharedId(a.id.clone()));
+        }
     }
     Ok(())
 }
@@ -328,6 +367,26 @@ mod tests {
             parse_export_spec("socket=s,path=p").unwrap().tuning,
             Tuning::default()
         );
+    }
+
+    #[test]
+    fn ids() {
+        let c = parse_export_spec("socket=/run/mqblk/vm-1.sock,path=p").unwrap();
+        assert_eq!(c.id, "vm-1");
+        let c = parse_export_spec("socket=/run/x y.sock,path=p,id=disk.0").unwrap();
+        assert_eq!(c.id, "disk.0");
+        assert_eq!(
+            parse_export_spec("socket=/run/x y.sock,path=p").unwrap().id,
+            "x_y"
+        );
+        let e = parse_export_spec("socket=s,path=p,id=a/b")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid id=a/b"), "{e}");
+        let a = parse_export_spec("socket=/a/s.sock,path=p").unwrap();
+        let b = parse_export_spec("socket=/b/s.sock,path=p").unwrap();
+        let e = check_exports(&[a, b]).unwrap_err().to_string();
+        assert!(e.contains("id=s"), "{e}");
     }
 
     #[test]

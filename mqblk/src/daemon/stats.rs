@@ -13,6 +13,9 @@ pub const INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 /// One export in the stats file: its socket, its I/O threads, and their counters summed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExportStats {
+    /// The export's id.
+    #[serde(default)]
+    pub id: String,
     /// The export's socket.
     pub socket: PathBuf,
     /// I/O threads.
@@ -35,6 +38,7 @@ pub fn collect(running: &[Export]) -> StatsFile {
         exports: running
             .iter()
             .map(|e| ExportStats {
+                id: e.device().config().id.clone(),
                 socket: e.socket().to_path_buf(),
                 threads: e.device().threads().len(),
                 counters: e.device().counters(),
