@@ -7,6 +7,7 @@
 //!
 //! The layers, each depending only on those listed after it:
 //! - [`daemon`]: exports, sockets, signals, the stats file;
+//! - [`api`]: what operators' tools talk to: export status, management API, metrics;
 //! - [`frontend`]: the vhost-user session and the virtio-blk device;
 //! - [`io`]: the I/O threads and the request path;
 //! - [`engine`]: storage engines (io_uring on a file or block device, RAM, null);
@@ -17,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod api;
 pub mod blk;
 pub mod config;
 pub mod daemon;
@@ -27,7 +29,7 @@ pub mod io;
 #[cfg(test)]
 mod layering {
     /// The layers, lowest first: a module may use only the layers listed before it.
-    const LAYERS: &[&str] = &["config", "blk", "engine", "io", "frontend", "daemon"];
+    const LAYERS: &[&str] = &["config", "blk", "engine", "io", "frontend", "api", "daemon"];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {

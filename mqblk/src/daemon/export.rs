@@ -2,12 +2,13 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::error::Error;
 use super::listener::{self, ListenerState};
+use crate::api::ExportStatus;
 use crate::config::ExportConfig;
 use crate::engine::{self, Engine};
 use crate::frontend::Device;
@@ -41,10 +42,7 @@ impl Export {
             what: "I/O threads",
             err,
         })?);
-        let state = Arc::new(ListenerState {
-            conn: Mutex::new(None),
-            stop: AtomicBool::new(false),
-        });
+        let state = Arc::new(ListenerState::default());
         let listener_fd = listener.as_raw_fd();
         let thread = {
             let (device, state) = (device.clone(), state.clone());
@@ -68,6 +66,26 @@ impl Export {
     /// The export's device (settings, storage, I/O threads and their counters).
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// The export as the management API and the metrics report it.
+    pub fn status(&self) -> ExportStatus {
+        let d = &self.device;
+        let cfg = d.config();
+        ExportStatus {
+            id: cfg.id.clone(),
+            socket: cfg.socket.clone(),
+            engine: d.engine().name().to_string(),
+            capacity: d.engine().capacity(),
+            queues: cfg.queues,
+            threads: cfg.num_threads(),
+            mapping: cfg.mapping_name().to_string(),
+            readonly: cfg.readonly,
+            connected: self.state.connected(),
+            connections: self.state.connections.load(Ordering::Relaxed),
+            counters: d.counters(),
+            per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),
+        }
     }
 
     /// The socket it listens on.

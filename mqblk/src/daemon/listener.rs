@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::{BackendReqHandler, Error as VhuError, VhostUserBackendReqHandler};
@@ -43,11 +43,24 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
 }
 
 /// What the listener shares with the export that owns it.
+#[derive(Default)]
 pub struct ListenerState {
     /// The connection being served, so that a shutdown can wake its reads.
     pub conn: Mutex<Option<UnixStream>>,
     /// Set when the export stops.
     pub stop: AtomicBool,
+    /// Frontends accepted since the export started.
+    pub connections: AtomicU64,
+}
+
+impl ListenerState {
+    /// Whether a frontend is connected now.
+    pub fn connected(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
 }
 
 /// Accepts frontends one at a time until the export stops; each connection gets a fresh
@@ -70,6 +83,7 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             break;
         }
         served += 1;
+        state.connections.fetch_add(1, Ordering::Relaxed);
         let socket = device.config().socket.display().to_string();
         tracing::info!(socket, connection = served, "frontend connected");
         match stream.try_clone() {

@@ -1,0 +1,36 @@
+//! A snapshot of one export, as the management API returns it and the metrics expose it.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::io::IoCounters;
+
+/// One export, at the moment it was asked about.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExportStatus {
+    /// The export's id.
+    pub id: String,
+    /// Its vhost-user socket.
+    pub socket: PathBuf,
+    /// Storage engine (`uring`, `mem`, `null`).
+    pub engine: String,
+    /// Capacity in bytes.
+    pub capacity: u64,
+    /// Virtqueues offered.
+    pub queues: u16,
+    /// I/O threads.
+    pub threads: usize,
+    /// The thread mapping (`baseline`, `mq`, `per-queue`, `grouped`).
+    pub mapping: String,
+    /// Read-only export.
+    pub readonly: bool,
+    /// A frontend is connected now.
+    pub connected: bool,
+    /// Frontends that have connected since the export started.
+    pub connections: u64,
+    /// The I/O threads' counters, summed.
+    pub counters: IoCounters,
+    /// Each I/O thread's counters.
+    pub per_thread: Vec<IoCounters>,
+}
