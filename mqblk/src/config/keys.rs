@@ -22,6 +22,8 @@ pub struct Key {
     pub allowed: &'static str,
     /// Applies a value; `None` when the value is not one the key accepts.
     apply: fn(&mut ExportConfig, &str) -> Option<()>,
+    /// The value an export has, as `apply` takes it; `None` when it is unset.
+    show: fn(&ExportConfig) -> Option<String>,
 }
 
 impl Key {
@@ -29,6 +31,23 @@ impl Key {
     pub fn apply(&self, cfg: &mut ExportConfig, value: &str) -> Option<()> {
         (self.apply)(cfg, value)
     }
+
+    /// The value `cfg` has for this key, in the form [`Key::apply`] takes.
+    pub fn show(&self, cfg: &ExportConfig) -> Option<String> {
+        (self.show)(cfg)
+    }
+}
+
+fn on_off(b: bool) -> String {
+    if b { "on" } else { "off" }.into()
+}
+
+/// Every key `cfg` sets, with its value: what recreates `cfg` through
+/// [`ExportConfig::from_pairs`].
+pub fn pairs(cfg: &ExportConfig) -> Vec<(&'static str, String)> {
+    KEYS.iter()
+        .filter_map(|k| k.show(cfg).map(|v| (k.name, v)))
+        .collect()
 }
 
 /// An integer in `lo..=hi`.
@@ -51,6 +70,7 @@ pub const KEYS: &[Key] = &[
             c.id = Some(v.to_string()).filter(|_| ok)?;
             Some(())
         },
+        show: |c| Some(c.id.clone()),
     },
     Key {
         name: "socket",
@@ -61,6 +81,7 @@ pub const KEYS: &[Key] = &[
             c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
             Some(())
         },
+        show: |c| Some(c.socket.display().to_string()),
     },
     Key {
         name: "path",
@@ -71,6 +92,7 @@ pub const KEYS: &[Key] = &[
             c.path = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
             Some(())
         },
+        show: |c| c.path.as_ref().map(|p| p.display().to_string()),
     },
     Key {
         name: "engine",
@@ -86,6 +108,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.engine { EngineKind::Uring => "uring", EngineKind::Null => "null", EngineKind::Mem => "mem" }.into()),
     },
     Key {
         name: "size",
@@ -96,6 +119,7 @@ pub const KEYS: &[Key] = &[
             c.size = Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?);
             Some(())
         },
+        show: |c| c.size.map(|n| n.to_string()),
     },
     Key {
         name: "queues",
@@ -106,6 +130,7 @@ pub const KEYS: &[Key] = &[
             c.queues = int(v, 1, u64::from(MAX_QUEUES))? as u16;
             Some(())
         },
+        show: |c| Some(c.queues.to_string()),
     },
     Key {
         name: "queue-size",
@@ -116,6 +141,7 @@ pub const KEYS: &[Key] = &[
             c.queue_size = int(v, 2, 32768).filter(|n| n.is_power_of_two())? as u16;
             Some(())
         },
+        show: |c| Some(c.queue_size.to_string()),
     },
     Key {
         name: "threads",
@@ -129,6 +155,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.threads { Threads::PerQueue => "per-queue".into(), Threads::Count(n) => n.to_string() }),
     },
     Key {
         name: "cpus",
@@ -140,6 +167,7 @@ pub const KEYS: &[Key] = &[
             c.cpus = list;
             Some(())
         },
+        show: |c| (!c.cpus.is_empty()).then(|| c.cpus.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(":")),
     },
     Key {
         name: "readonly",
@@ -150,6 +178,7 @@ pub const KEYS: &[Key] = &[
             c.readonly = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.readonly)),
     },
     Key {
         name: "direct",
@@ -160,6 +189,7 @@ pub const KEYS: &[Key] = &[
             c.direct = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.direct)),
     },
     Key {
         name: "serial",
@@ -170,6 +200,7 @@ pub const KEYS: &[Key] = &[
             c.serial = Some(v.to_string()).filter(|s| s.len() <= MAX_SERIAL_LEN)?;
             Some(())
         },
+        show: |c| Some(c.serial.clone()),
     },
     Key {
         name: "poll",
@@ -185,6 +216,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.tuning.poll { PollMode::Off => "off", PollMode::On => "on", PollMode::Adaptive => "adaptive" }.into()),
     },
     Key {
         name: "poll-max-us",
@@ -195,6 +227,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.poll_max_us = int(v, 0, 10_000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.poll_max_us.to_string()),
     },
     Key {
         name: "batch-wait-us",
@@ -205,6 +238,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.batch_wait_us = int(v, 0, 1000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.batch_wait_us.to_string()),
     },
     Key {
         name: "merge",
@@ -215,6 +249,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.merge = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.merge)),
     },
     Key {
         name: "fixed-files",
@@ -225,6 +260,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.fixed_files = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.fixed_files)),
     },
     Key {
         name: "fixed-buffers",
@@ -235,6 +271,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.fixed_buffers = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.fixed_buffers)),
     },
     Key {
         name: "sqpoll-idle-ms",
@@ -245,6 +282,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.sqpoll_idle_ms = int(v, 0, 10_000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.sqpoll_idle_ms.to_string()),
     },
     Key {
         name: "coop-taskrun",
@@ -255,6 +293,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.coop_taskrun = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.coop_taskrun)),
     },
     Key {
         name: "submit-early",
@@ -265,6 +304,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.submit_early = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.submit_early)),
     },
 ];
 
@@ -330,6 +370,21 @@ pub fn readme_rows() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every key's value reads back through its own parser: what `save_config` writes recreates
+    /// the export.
+    #[test]
+    fn an_export_round_trips_through_its_pairs() {
+        for spec in [
+            "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,queue-size=256,id=disk-1",
+            "socket=/run/b.sock,engine=null,size=1G",
+            "socket=/run/c.sock,engine=mem,size=64M,threads=per-queue",
+        ] {
+            let cfg = super::super::parse_export_spec(spec).unwrap();
+            let again = ExportConfig::from_pairs(pairs(&cfg)).unwrap();
+            assert_eq!(again, cfg, "{spec}");
+        }
+    }
 
     #[test]
     fn names_are_unique_and_help_fits() {

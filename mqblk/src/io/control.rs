@@ -75,6 +75,10 @@ impl IoThread {
                     self.pending_mem = Some((private, reply));
                 }
                 Command::SetWriteback(wb) => self.writeback = wb,
+                Command::SetCapacity { sectors, reply } => {
+                    self.limits.capacity_sectors = sectors;
+                    self.capacity_barrier.push((self.slots.snapshot(), reply));
+                }
                 Command::Shutdown => {
                     self.shutdown = true;
                     for q in self.queues.iter_mut().flatten() {
@@ -123,6 +127,14 @@ impl IoThread {
                 let _ = r.send(next_avail);
             }
         }
+        let slots = &self.slots;
+        self.capacity_barrier.retain(|(snapshot, reply)| {
+            let done = slots.all_done(snapshot);
+            if done {
+                let _ = reply.send(());
+            }
+            !done
+        });
         if self.pending_mem.is_some() && self.slots.in_use() == 0 {
             let (mem, reply) = self.pending_mem.take().expect("checked");
             self.mem = mem;

@@ -71,6 +71,8 @@ pub(super) struct IoThread {
     pub(super) engine_in_flight: u64,
     /// When `engine_in_flight` was last integrated into the counters.
     in_flight_since: Instant,
+    /// Capacity changes waiting for the requests in flight before them to complete.
+    pub(super) capacity_barrier: Vec<(Vec<(SlotId, u32)>, SyncSender<()>)>,
 }
 
 impl IoThread {
@@ -121,6 +123,7 @@ impl IoThread {
             tuning: cfg.tuning,
             engine_in_flight: 0,
             in_flight_since: Instant::now(),
+            capacity_barrier: Vec::new(),
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {
