@@ -28,6 +28,9 @@ use crate::engine::{Channel, Engine};
 /// Poll-loop iterations between yields of the CPU (a few microseconds).
 const YIELD_SPINS: u32 = 128;
 
+/// A capacity change waiting for these requests (slot, use) to complete before it replies.
+pub(super) type CapacityBarrier = (Vec<(SlotId, u32)>, SyncSender<()>);
+
 /// An I/O thread.
 pub(super) struct IoThread {
     pub(super) ring: Ring,
@@ -72,7 +75,7 @@ pub(super) struct IoThread {
     /// When `engine_in_flight` was last integrated into the counters.
     in_flight_since: Instant,
     /// Capacity changes waiting for the requests in flight before them to complete.
-    pub(super) capacity_barrier: Vec<(Vec<(SlotId, u32)>, SyncSender<()>)>,
+    pub(super) capacity_barrier: Vec<CapacityBarrier>,
 }
 
 impl IoThread {
