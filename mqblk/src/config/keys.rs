@@ -42,11 +42,15 @@ fn on_off(b: bool) -> String {
     if b { "on" } else { "off" }.into()
 }
 
-/// Every key `cfg` sets, with its value: what recreates `cfg` through
-/// [`ExportConfig::from_pairs`].
+/// Every key `cfg` sets to something other than its default, with its value: what recreates
+/// `cfg` through [`ExportConfig::from_pairs`].
 pub fn pairs(cfg: &ExportConfig) -> Vec<(&'static str, String)> {
+    let default = ExportConfig::default();
     KEYS.iter()
-        .filter_map(|k| k.show(cfg).map(|v| (k.name, v)))
+        .filter_map(|k| {
+            let v = k.show(cfg)?;
+            (Some(&v) != k.show(&default).as_ref()).then_some((k.name, v))
+        })
         .collect()
 }
 
