@@ -65,7 +65,13 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
     stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
     let mut line = serde_json::to_vec(&request)?;
     line.push(b'\n');
-    stream.write_all(&line)?;
+    // A daemon that refuses this client answers and hangs up before reading: its answer is
+    // still there to read.
+    if let Err(e) = stream.write_all(&line) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("sending the request");
+        }
+    }
     let mut reply = String::new();
     BufReader::new(&stream)
         .read_line(&mut reply)
