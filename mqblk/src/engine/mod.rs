@@ -98,6 +98,13 @@ pub trait Engine: Send + Sync {
     /// Changes the capacity: to `size` bytes, or (`None`) to what the backing store now holds
     /// (a file or block device resized by someone else). Returns the new capacity.
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError>;
+    /// Writes back what completed writes left in a cache of this host (a file opened without
+    /// O_DIRECT keeps them in the page cache), so that another host sharing the storage reads
+    /// them: after a live migration the destination's backend serves the disk. Engines with no
+    /// such cache have nothing to do.
+    fn sync_host_cache(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Why an export could not be resized. Each message is one line for the operator.

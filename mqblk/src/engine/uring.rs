@@ -19,6 +19,8 @@ pub struct UringEngine {
     capacity: AtomicU64,
     block_size: u32,
     name: &'static str,
+    /// Opened without O_DIRECT: writes complete into this host's page cache.
+    host_cached: bool,
 }
 
 impl UringEngine {
@@ -29,6 +31,7 @@ impl UringEngine {
             capacity: AtomicU64::new(capacity),
             block_size,
             name,
+            host_cached: false,
         }
     }
 }
@@ -74,6 +77,13 @@ impl Engine for UringEngine {
         }
         self.capacity.store(new, Ordering::Relaxed);
         Ok(new)
+    }
+
+    fn sync_host_cache(&self) -> io::Result<()> {
+        if self.host_cached {
+            self.file.sync_data()?;
+        }
+        Ok(())
     }
 }
 
@@ -287,5 +297,7 @@ pub(super) fn open_file(
     } else {
         512
     };
-    Ok(UringEngine::new(file, capacity, block_size, "uring"))
+    let mut engine = UringEngine::new(file, capacity, block_size, "uring");
+    engine.host_cached = !direct;
+    Ok(engine)
 }

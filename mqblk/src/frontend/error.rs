@@ -66,6 +66,31 @@ pub enum Error {
         /// Length.
         len: usize,
     },
+    /// A dirty log (SET_LOG_BASE) that cannot be mapped safely.
+    #[error("dirty log refused: {0}")]
+    DirtyLog(#[from] crate::io::dirty_log::LogError),
+    /// A dirty log that does not cover guest memory.
+    #[error(
+        "dirty log refused: it covers {covers:#x} bytes of guest memory, which reaches {needs:#x}"
+    )]
+    LogTooSmall {
+        /// Guest-physical bytes the log covers.
+        covers: u64,
+        /// Where guest memory ends.
+        needs: u64,
+    },
+    /// A used ring logged (VHOST_VRING_F_LOG) beyond the dirty log.
+    #[error("vring {index}: its used ring logged at {addr:#x} ({len} bytes) lies beyond the dirty log, which covers {covers:#x} bytes")]
+    UsedLogOutside {
+        /// The vring.
+        index: usize,
+        /// log_guest_addr.
+        addr: u64,
+        /// Bytes of the used ring.
+        len: u64,
+        /// Guest-physical bytes the log covers.
+        covers: u64,
+    },
     /// A request mqblk does not support.
     #[error("{0} is not supported")]
     Unsupported(&'static str),

@@ -18,7 +18,9 @@ pub fn device_features(readonly: bool) -> u64 {
         | 1 << VIRTIO_BLK_F_MQ
         | 1 << VIRTIO_BLK_F_DISCARD
         | 1 << VIRTIO_BLK_F_WRITE_ZEROES
-        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        // Live migration: mqblk marks what it writes in the frontend's dirty log.
+        | VhostUserVirtioFeatures::LOG_ALL.bits();
     if readonly {
         f |= 1 << VIRTIO_BLK_F_RO;
     }
@@ -33,6 +35,7 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
         | VhostUserProtocolFeatures::INFLIGHT_SHMFD
         | VhostUserProtocolFeatures::BACKEND_REQ
+        | VhostUserProtocolFeatures::LOG_SHMFD
 }
 
 /// Whether `features` (acked by the frontend) include virtio feature `bit`.

@@ -130,6 +130,15 @@ impl MemoryTable {
         self.mappings.clear();
     }
 
+    /// The end of the highest region: the guest-physical bytes a dirty log must cover.
+    pub fn end(&self) -> u64 {
+        self.mappings
+            .iter()
+            .map(|m| m.gpa.saturating_add(m.size))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The guest-physical address of the frontend's address `addr` (SET_VRING_ADDR gives the
     /// rings in the frontend's own address space).
     pub fn frontend_to_guest(&self, addr: u64) -> Result<u64> {

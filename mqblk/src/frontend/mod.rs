@@ -7,6 +7,7 @@
 //! - [`memory`]: the shared guest memory table; [`vring`]: a vring being set up;
 //! - [`features`]: what is offered;
 //! - [`backend_channel`]: telling the frontend about a config change (online resize);
+//! - [`migration`]: the dirty log and what is logged while the frontend migrates the VM;
 //! - [`error`]: why a message is refused.
 
 pub mod backend_channel;
@@ -14,6 +15,7 @@ pub mod device;
 pub mod error;
 pub mod features;
 pub mod memory;
+pub mod migration;
 pub mod session;
 pub mod vring;
 

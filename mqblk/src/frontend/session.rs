@@ -28,8 +28,10 @@ use super::device::Device;
 use super::error::{Error, Result};
 use super::features::{self, device_features, protocol_features};
 use super::memory::{MemoryTable, MAX_MEM_SLOTS};
+use super::migration::Migration;
 use super::vring::VringSetup;
 use crate::blk::{CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
+use crate::io::dirty_log::DirtyLog;
 use crate::io::inflight::InflightRegion;
 use crate::io::{Command, GuestMemory};
 
@@ -45,6 +47,8 @@ pub struct Session {
     inflight: Option<Arc<InflightRegion>>,
     /// The frontend's channel for backend requests (SET_BACKEND_REQ_FD), if it gave one.
     backend_channel: Option<BackendChannel>,
+    /// Dirty logging while the frontend migrates the VM.
+    migration: Migration,
 }
 
 impl Session {
@@ -60,6 +64,7 @@ impl Session {
             writeback: true,
             inflight: None,
             backend_channel: None,
+            migration: Migration::new(nq),
         }
     }
 
@@ -202,7 +207,17 @@ impl Session {
         self.acked_protocol = 0;
         self.inflight = None;
         self.backend_channel = None;
+        self.migration = Migration::new(self.vrings.len());
+        self.migration.apply(&self.device);
         self.set_writeback(true);
+    }
+
+    /// Vring `i`'s size, or the largest the export allows while the frontend has not set it.
+    fn ring_size(&self, i: usize) -> u16 {
+        match self.vrings[i].size {
+            0 => self.device.config().queue_size,
+            n => n,
+        }
     }
 
     fn config_bytes(&self) -> [u8; CONFIG_SPACE_LEN] {
@@ -257,6 +272,10 @@ impl VhostUserBackendReqHandlerMut for Session {
             return Err(Error::UnofferedFeatures(features & !offered).into());
         }
         self.acked_features = features;
+        let log_all = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        if self.migration.set_log_all(log_all) {
+            self.migration.apply(&self.device);
+        }
         Ok(())
     }
 
@@ -284,11 +303,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn set_vring_addr(
         &mut self,
         index: u32,
-        _flags: VhostUserVringAddrFlags,
+        flags: VhostUserVringAddrFlags,
         descriptor: u64,
         used: u64,
         available: u64,
-        _log: u64,
+        log: u64,
     ) -> VhuResult<()> {
         let i = self.check_index(index)?;
         let desc = self.memory.frontend_to_guest(descriptor)?;
@@ -298,6 +317,13 @@ impl VhostUserBackendReqHandlerMut for Session {
         // (The frontend's addresses may be aligned while the guest-physical ones are not.)
         if desc % 16 != 0 || avail % 2 != 0 || used % 4 != 0 {
             return Err(Error::MisalignedRing { desc, avail, used }.into());
+        }
+        let used_log = flags
+            .contains(VhostUserVringAddrFlags::VHOST_VRING_F_LOG)
+            .then_some(log);
+        let size = self.ring_size(i);
+        if self.migration.set_used_log(i, used_log, size)? {
+            self.migration.apply(&self.device);
         }
         let v = &mut self.vrings[i];
         (v.desc, v.used, v.avail) = (desc, used, avail);
@@ -313,6 +339,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     fn get_vring_base(&mut self, index: u32) -> VhuResult<VhostUserVringState> {
         let i = self.check_index(index)?;
         self.stop(i);
+        // The destination's backend (another host, after a migration) must read what this
+        // ring wrote.
+        if let Err(e) = self.device.engine().sync_host_cache() {
+            tracing::error!(queue = i, err = %e, "cannot write back the host cache of the disk");
+        }
         let v = &mut self.vrings[i];
         // The ring stays stopped until the frontend kicks it again.
         v.kick = None;
@@ -502,7 +533,11 @@ impl VhostUserBackendReqHandlerMut for Session {
         Err(Error::Unsupported("shared memory regions").into())
     }
 
-    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VhuResult<()> {
-        Err(Error::Unsupported("dirty logging").into())
+    fn set_log_base(&mut self, log: &VhostUserLog, file: File) -> VhuResult<()> {
+        let map = DirtyLog::map(file, log.mmap_offset, log.mmap_size).map_err(Error::from)?;
+        let sizes: Vec<u16> = (0..self.vrings.len()).map(|i| self.ring_size(i)).collect();
+        self.migration.set_log(map, self.memory.end(), &sizes)?;
+        self.migration.apply(&self.device);
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! From an engine result to the guest: the request's status, its status byte, and its used
 //! entry (the notification decision follows in the loop, once per batch).
 
+use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::slots::SlotId;
@@ -84,6 +85,11 @@ impl IoThread {
             next = self.slots.next_member(id);
             let s = self.slots.get(id);
             let (queue, head, len, status_addr) = (s.queue as usize, s.head, s.len, s.status_addr);
+            // The engine wrote a read's data into guest memory where only the frontend's dirty
+            // log can learn of it (a failed or short read may have written part of it).
+            if self.dirty.is_on() && kind == Kind::Read {
+                self.dirty.host_writes(&mem, &s.iovs, &mut self.counters);
+            }
             if status == Status::Ok && matches!(kind, Kind::Read | Kind::Write) {
                 self.counters.bytes += len;
             }
@@ -110,10 +116,16 @@ impl IoThread {
         status_addr: Option<GuestAddress>,
         mem: &GuestMemory,
     ) {
-        let used_len = match status_addr {
-            Some(addr) if mem.write_obj(status as u8, addr).is_ok() => used_len,
-            _ => 0,
+        let written = match status_addr {
+            Some(addr) if mem.write_obj(status as u8, addr).is_ok() => Some(addr),
+            _ => None,
         };
+        let used_len = if written.is_some() { used_len } else { 0 };
+        if self.dirty.is_on() {
+            if let Some(addr) = written {
+                self.dirty.status_byte(addr, &mut self.counters);
+            }
+        }
         if status != Status::Ok {
             self.counters.errors += 1;
         }
@@ -122,7 +134,13 @@ impl IoThread {
         let Some(Some(q)) = self.queues.get_mut(local) else {
             return;
         };
-        if let Err(e) = q.add_used(mem, head, used_len, max_in_flight) {
+        let added = q.add_used(mem, head, used_len, max_in_flight);
+        // The used entry and index, marked as soon as they are written.
+        if self.dirty.is_on() {
+            self.dirty
+                .used_ring(local, q.queue.size(), &mut self.counters);
+        }
+        if let Err(e) = added {
             if let Some(d) = self.log.allow() {
                 tracing::warn!(queue = q.index, err = %e, dropped_logs = d, "cannot add used entry");
             }

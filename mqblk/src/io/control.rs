@@ -1,5 +1,5 @@
 //! Commands from the frontend session: starting and stopping queues, replacing a call eventfd,
-//! swapping guest memory, the cache mode, shutdown. Stops and memory swaps wait until the
+//! swapping guest memory, the cache mode, the dirty log, shutdown. Stops and memory swaps wait until the
 //! requests they concern have completed, so that no completion ever writes to memory the
 //! frontend has taken back.
 
@@ -79,6 +79,10 @@ impl IoThread {
                     self.limits.capacity_sectors = sectors;
                     self.capacity_barrier.push((self.slots.snapshot(), reply));
                 }
+                Command::SetDirtyLog { log, used, reply } => {
+                    self.dirty.set(log, used);
+                    let _ = reply.send(());
+                }
                 Command::Shutdown => {
                     self.shutdown = true;
                     for q in self.queues.iter_mut().flatten() {
@@ -101,6 +105,12 @@ impl IoThread {
                 continue;
             }
             let mut q = self.queues[local].take().expect("checked");
+            // The used ring's last notification fields (written after its last used entry)
+            // are marked too before the frontend hears that the ring stopped.
+            if self.dirty.is_on() {
+                self.dirty
+                    .used_ring(local, q.queue.size(), &mut self.counters);
+            }
             // Publish what completed before stopping.
             if let Some(mem) = self.mem.as_deref() {
                 if let Some(used) = q.take_notification(mem) {

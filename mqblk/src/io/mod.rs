@@ -17,13 +17,17 @@
 //! [`slots`] (the slot table and iovec mapping), [`inflight`] (the in-flight region a
 //! restarted backend resubmits from), `submit` (staging, merging, starting I/O),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
-//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission).
+//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission),
+//! [`dirty_log`] (the frontend's dirty log) and `migration` (marking in it what the thread
+//! writes while the VM migrates).
 //!
 //! Nothing here takes a lock shared with another I/O thread or allocates per request once warm.
 
 mod complete;
 mod control;
+pub mod dirty_log;
 pub mod inflight;
+mod migration;
 pub mod policy;
 mod rate_limit;
 pub mod ring;
@@ -46,9 +50,11 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::blk::Limits;
 use crate::config::Tuning;
 use crate::engine::Engine;
+use dirty_log::DirtyLog;
 use inflight::InflightQueue;
 
 pub use complete::status_of;
+pub use migration::used_ring_len;
 pub use slots::IOV_MAX;
 pub use stats::{IoCounters, SharedCounters};
 
@@ -107,6 +113,18 @@ pub enum Command {
     SetCapacity {
         /// Capacity in 512-byte sectors.
         sectors: u64,
+        /// Acknowledgement.
+        reply: SyncSender<()>,
+    },
+    /// Live migration: mark what the thread writes into guest memory in `log` from now on
+    /// (`None`: stop marking); `used` gives, by local queue, the guest address at which its used
+    /// ring's writes are marked (rings without VHOST_VRING_F_LOG: `None`). Replies once in
+    /// force: the frontend syncs or replaces the log only after that.
+    SetDirtyLog {
+        /// The frontend's log while logging is on.
+        log: Option<Arc<DirtyLog>>,
+        /// Used-ring log addresses by local queue.
+        used: Vec<Option<u64>>,
         /// Acknowledgement.
         reply: SyncSender<()>,
     },

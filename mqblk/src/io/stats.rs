@@ -90,6 +90,12 @@ counters! {
     fixed_file_ios,
     /// Writes issued write-through (RWF_DSYNC: the guest turned the write cache off).
     sync_writes,
+    /// Guest pages marked in the frontend's dirty log while it migrates the VM (read data,
+    /// status bytes, used rings).
+    dirty_pages,
+    /// Pages written that lay beyond the frontend's dirty log (too small a log: the migration
+    /// may not copy them; each is also logged).
+    dirty_log_misses,
     /// Requests in flight at the engine, integrated over time (request-nanoseconds): its
     /// increase over an interval, divided by the interval, is the mean number in flight, i.e.
     /// how full the thread kept the device.

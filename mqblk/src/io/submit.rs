@@ -122,6 +122,9 @@ impl IoThread {
         let status_addr = Some(req.status_addr);
         if req.kind == Kind::GetId {
             let ok = write_id(mem, &self.segs, &self.serial, req.len as usize);
+            if self.dirty.is_on() {
+                self.dirty.guest_writes(&self.segs, &mut self.counters);
+            }
             let status = if ok { Status::Ok } else { Status::IoErr };
             self.answer(local, head, status, req.len as u32 + 1, status_addr, mem);
             return;

@@ -376,3 +376,80 @@ fn a_stop_waits_for_in_flight_requests_and_reports_the_next_avail_index() {
     assert_eq!(guest.used_idx(), 2);
     t.shutdown();
 }
+
+/// A log of `bytes` bytes in a memfd, and a second handle on the file to read it.
+fn dirty_log(bytes: u64) -> (Arc<super::dirty_log::DirtyLog>, File) {
+    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"io-test-log".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor, owned by the File alone.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(bytes).unwrap();
+    let view = f.try_clone().unwrap();
+    (
+        Arc::new(super::dirty_log::DirtyLog::map(f, 0, bytes).unwrap()),
+        view,
+    )
+}
+
+fn set_dirty_log(t: &IoThreadHandle, log: Option<Arc<super::dirty_log::DirtyLog>>, used: u64) {
+    let (tx, rx) = sync_channel(1);
+    t.send(Command::SetDirtyLog {
+        log,
+        used: vec![Some(used)],
+        reply: tx,
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+}
+
+/// The pages marked in a log file.
+fn marked(view: &File, bytes: usize) -> Vec<u64> {
+    let mut v = vec![0u8; bytes];
+    std::os::unix::fs::FileExt::read_exact_at(view, &mut v, 0).unwrap();
+    (0..bytes as u64 * 8)
+        .filter(|&p| v[(p / 8) as usize] & (1 << (p % 8)) != 0)
+        .collect()
+}
+
+#[test]
+fn while_logging_every_page_the_thread_writes_is_marked_and_nothing_else() {
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut t = start_thread(&guest, seen);
+    // 1 MiB of guest memory: 256 pages, 32 bytes of log.
+    let (log, view) = dirty_log(32);
+    set_dirty_log(&t, Some(log), USED);
+
+    // A read: header and data from 0x10000 (4 KiB of data: pages 0x10 and 0x11), status in
+    // page 0x11. A write: header and (device-readable) data in page 0x16, status in page 0x17.
+    let (_, r_data, r_status) = guest.post(VIRTIO_BLK_T_IN, 8, Some((4096, true)));
+    let (_, w_data, w_status) = guest.post(VIRTIO_BLK_T_OUT, 16, Some((512, false)));
+    assert_eq!(
+        (r_data >> 12, (r_data + 4095) >> 12, r_status >> 12),
+        (0x10, 0x11, 0x11)
+    );
+    assert_eq!((w_data >> 12, w_status >> 12), (0x16, 0x17));
+    guest.kick_and_wait(2);
+    assert_eq!(
+        marked(&view, 32),
+        vec![USED >> 12, 0x10, 0x11, 0x17],
+        "the used ring, the read's data and both status bytes; not the write's data, the \
+         descriptors or the avail ring"
+    );
+
+    // Logging off: a second read marks nothing.
+    set_dirty_log(&t, None, USED);
+    let (_, data2, _) = guest.post(VIRTIO_BLK_T_IN, 24, Some((512, true)));
+    guest.kick_and_wait(3);
+    assert_eq!(data2 >> 12, 0x1c);
+    assert_eq!(marked(&view, 32), vec![USED >> 12, 0x10, 0x11, 0x17]);
+    t.shutdown();
+    let c = super::IoCounters::sum([t.counters()]);
+    assert!(c.dirty_pages >= 5, "{c:?}");
+    assert_eq!(c.dirty_log_misses, 0);
+}

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::migration::DirtyTracking;
 use super::policy::{BatchPolicy, PollPolicy, Shape};
 use super::rate_limit::RateLimit;
 use super::ring::{Ring, Token};
@@ -76,6 +77,8 @@ pub(super) struct IoThread {
     in_flight_since: Instant,
     /// Capacity changes waiting for the requests in flight before them to complete.
     pub(super) capacity_barrier: Vec<CapacityBarrier>,
+    /// Dirty logging while the VM migrates.
+    pub(super) dirty: DirtyTracking,
 }
 
 impl IoThread {
@@ -127,6 +130,7 @@ impl IoThread {
             engine_in_flight: 0,
             in_flight_since: Instant::now(),
             capacity_barrier: Vec::new(),
+            dirty: DirtyTracking::new(nq),
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {
