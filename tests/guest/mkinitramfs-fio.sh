@@ -2,6 +2,8 @@
 # Builds the initramfs of the reconnect test guest (tests/guest_reconnect.rs):
 # target/guest/initramfs-fio.cpio.zst (zstd; gzip, .cpio.gz, where zstd is missing), holding
 #   /init                       tests/guest/init-reconnect
+# or, with arguments `mkinitramfs-fio.sh INIT NAME`, tests/guest/INIT as /init in
+# target/guest/NAME.cpio.zst (the migration test's guest uses init-migration), and
 #   /bin/busybox                the static busybox from Debian's busybox-static package
 #   /usr/bin/fio                the host's fio (Debian's fio package), dynamically linked, with
 #                               every library `ldd` lists and the dynamic loader, at the same
@@ -16,7 +18,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 guest="$root/target/guest"
-init="$here/init-reconnect"
+init="$here/${1:-init-reconnect}"
+name="${2:-initramfs-fio}"
 module="$guest/virtio_blk.ko"
 busybox="${MQBLK_BUSYBOX:-/bin/busybox}"
 fio="${MQBLK_FIO:-/usr/bin/fio}"
@@ -29,11 +32,11 @@ die() {
 # zstd decompresses several times faster than gzip in the TCG guest; MQBLK_INITRAMFS_GZIP=1
 # forces gzip (to try the fallback).
 if [ "${MQBLK_INITRAMFS_GZIP:-0}" != 1 ] && command -v zstd >/dev/null; then
-	out="$guest/initramfs-fio.cpio.zst"
+	out="$guest/$name.cpio.zst"
 	compress() { zstd -q -T0 -9 -c; }
 else
 	command -v gzip >/dev/null || die "neither zstd nor gzip found"
-	out="$guest/initramfs-fio.cpio.gz"
+	out="$guest/$name.cpio.gz"
 	compress() { gzip -6 -n; }
 fi
 
@@ -71,7 +74,7 @@ if [ -f "$out" ]; then
 	fi
 fi
 
-stage=$(mktemp -d "$guest/initramfs-fio.XXXXXX")
+stage=$(mktemp -d "$guest/$name.XXXXXX")
 tmp_out="$stage.cpio"
 trap 'rm -rf "$stage" "$tmp_out"' EXIT
 mkdir -p "$stage/bin" "$stage/usr/bin" "$stage/lib/modules" "$stage/dev" "$stage/proc" \

@@ -7,10 +7,19 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 /// A memfd of `len` bytes (zeroes).
 pub fn memfd(name: &str, len: u64) -> File {
+    memfd_flags(name, len, libc::MFD_CLOEXEC)
+}
+
+/// A memfd of `len` bytes that can be sealed (MFD_ALLOW_SEALING), as frontends make dirty logs.
+pub fn sealable_memfd(name: &str, len: u64) -> File {
+    memfd_flags(name, len, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+}
+
+fn memfd_flags(name: &str, len: u64, flags: libc::c_uint) -> File {
     let name = CString::new(name).expect("a memfd name without NUL");
     // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
     let f = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC);
+        let fd = libc::memfd_create(name.as_ptr(), flags);
         assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
         File::from_raw_fd(fd)
     };

@@ -9,6 +9,7 @@
 //! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
+//! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`rng`]: a seeded generator for randomized tests.
 #![allow(dead_code)]
 
@@ -18,4 +19,5 @@ pub mod frontend;
 pub mod mem;
 pub mod proc;
 pub mod qemu;
+pub mod qmp;
 pub mod rng;

@@ -87,6 +87,18 @@ impl GuestBoot {
     /// guest memory, the serial console in `dir.console` and QEMU's own output in
     /// `dir.qemu_log`.
     pub fn spawn_qemu(&self, dir: &WorkDir, q: Qemu) -> Proc {
+        let files = QemuFiles {
+            socket: &dir.socket,
+            console: &dir.console,
+            log: &dir.qemu_log,
+            extra: Vec::new(),
+        };
+        self.spawn_qemu_with(q, files)
+    }
+
+    /// [`GuestBoot::spawn_qemu`] with the files (and extra arguments) of `files`: for tests
+    /// that run several QEMUs at once (a migration's source and destination).
+    pub fn spawn_qemu_with(&self, q: Qemu, files: QemuFiles) -> Proc {
         let mut args: Vec<(&str, String)> = vec![
             ("-nodefaults", String::new()),
             ("-no-user-config", String::new()),
@@ -108,17 +120,20 @@ impl GuestBoot {
                 "-chardev",
                 format!(
                     "socket,id=vub0,path={}{}",
-                    dir.socket.display(),
+                    files.socket.display(),
                     q.chardev_extra
                 ),
             ),
             (
                 "-device",
-                format!("vhost-user-blk-pci,chardev=vub0,num-queues={}", q.queues),
+                format!(
+                    "vhost-user-blk-pci,id={DISK_ID},chardev=vub0,num-queues={}",
+                    q.queues
+                ),
             ),
             ("-display", "none".into()),
             ("-monitor", "none".into()),
-            ("-serial", format!("file:{}", dir.console.display())),
+            ("-serial", format!("file:{}", files.console.display())),
             ("-no-reboot", String::new()),
             ("-kernel", self.kernel.display().to_string()),
             ("-initrd", self.initramfs.display().to_string()),
@@ -131,8 +146,24 @@ impl GuestBoot {
                 cmd.arg(value);
             }
         }
-        Proc::spawn_logged("qemu-system-x86_64".into(), &mut cmd, &dir.qemu_log)
+        cmd.args(&files.extra);
+        Proc::spawn_logged("qemu-system-x86_64".into(), &mut cmd, files.log)
     }
+}
+
+/// The QOM id of the guest's vhost-user-blk device (QMP names it by it).
+pub const DISK_ID: &str = "vblk0";
+
+/// Where one QEMU keeps its files, and what it adds to the command line.
+pub struct QemuFiles<'a> {
+    /// The vhost-user socket of its disk.
+    pub socket: &'a Path,
+    /// The guest's serial console.
+    pub console: &'a Path,
+    /// QEMU's own stdout and stderr.
+    pub log: &'a Path,
+    /// More arguments (e.g. `-qmp ...`, `-incoming ...`).
+    pub extra: Vec<String>,
 }
 
 /// Runs an initramfs build script and returns the path it prints.
