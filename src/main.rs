@@ -1,5 +1,6 @@
 //! The `mqblk` command line.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -7,6 +8,7 @@ use anyhow::{bail, ensure, Context};
 use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
+use mqblk::daemon::ServeOptions;
 
 mod demo;
 
@@ -38,6 +40,11 @@ enum Cmd {
         /// Rewrite this file with the exports' counters (JSON) every 100 ms, and at exit.
         #[arg(long, value_name = "PATH")]
         stats_file: Option<PathBuf>,
+        /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (off by default;
+        /// e.g. 127.0.0.1:9189: nothing authenticates the endpoint, keep it on loopback or a
+        /// trusted network).
+        #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
+        metrics: Option<SocketAddr>,
     },
     /// Serve a default disk image and drive real, verified I/O through it with the built-in
     /// vhost-user client (libblkio's virtio-blk-vhost-user driver).
@@ -111,15 +118,24 @@ fn load_exports(
     Ok((exports, level))
 }
 
+/// `--metrics`: an IP address and a port.
+fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{s} is not an IP address and port: give ADDR:PORT, e.g. 127.0.0.1:9189 or [::1]:9189"
+        )
+    })
+}
+
 fn serve(
     exports: &[String],
     config: Option<&PathBuf>,
     log_level: Option<String>,
-    stats_file: Option<PathBuf>,
+    opts: ServeOptions,
 ) -> anyhow::Result<()> {
     let (exports, file_level) = load_exports(exports, config)?;
     init_logging(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
-    mqblk::daemon::serve(exports, stats_file)?;
+    mqblk::daemon::serve(exports, &opts)?;
     Ok(())
 }
 
@@ -172,7 +188,16 @@ fn main() -> ExitCode {
             config,
             log_level,
             stats_file,
-        } => serve(&exports, config.as_ref(), log_level, stats_file),
+            metrics,
+        } => serve(
+            &exports,
+            config.as_ref(),
+            log_level,
+            ServeOptions {
+                stats_file,
+                metrics,
+            },
+        ),
         Cmd::Demo {
             size,
             queues,

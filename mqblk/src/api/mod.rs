@@ -1,10 +1,17 @@
 //! What operators and their tools talk to: the export status the management API and the
-//! metrics report.
+//! metrics report, the metrics endpoint, and systemd's notifications and socket activation.
 //!
 //! This layer sits below `daemon`: it defines what it needs from the running daemon (a status
-//! snapshot, and for the management API a trait the daemon implements), so that the daemon
-//! composes it without a dependency cycle.
+//! snapshot, handed over as a function; for the management API a trait the daemon
+//! implements), so that the daemon composes it without a dependency cycle.
+//!
+//! - [`status`]: one export's snapshot;
+//! - [`metrics`]: `--metrics ADDR:PORT`, the Prometheus text format over HTTP;
+//! - [`systemd`]: `sd_notify` (ready, stopping, watchdog) and socket activation.
 
+pub mod metrics;
 pub mod status;
+pub mod systemd;
 
+pub use metrics::Metrics;
 pub use status::ExportStatus;
