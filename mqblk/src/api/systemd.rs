@@ -38,7 +38,9 @@ fn notify(states: &[NotifyState]) {
 /// How often to send `WATCHDOG=1`: half the unit's `WatchdogSec=`, if it set one for this
 /// process.
 pub fn watchdog_interval() -> Option<Duration> {
-    sd_notify::watchdog_enabled().map(|t| t / 2)
+    sd_notify::watchdog_enabled()
+        .filter(|t| !t.is_zero())
+        .map(|t| t / 2)
 }
 
 /// The listening sockets socket activation handed to this process, with their names

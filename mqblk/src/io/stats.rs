@@ -17,7 +17,7 @@ use crate::blk::ReqType;
 pub const LATENCY_BUCKETS: usize = 24;
 
 /// A counter cell, or an array of them: what a field of the `counters!` list may be.
-trait Cell: Copy {
+trait CounterCell: Copy {
     /// Its atomic mirror in [`SharedCounters`].
     type Shared: std::fmt::Debug + Default;
     fn store(&self, to: &Self::Shared);
@@ -25,7 +25,7 @@ trait Cell: Copy {
     fn add(&mut self, other: &Self);
 }
 
-impl Cell for u64 {
+impl CounterCell for u64 {
     type Shared = AtomicU64;
     fn store(&self, to: &AtomicU64) {
         to.store(*self, Ordering::Relaxed);
@@ -38,7 +38,7 @@ impl Cell for u64 {
     }
 }
 
-impl<T: Cell, const N: usize> Cell for [T; N]
+impl<T: CounterCell, const N: usize> CounterCell for [T; N]
 where
     [T::Shared; N]: std::fmt::Debug + Default,
 {
@@ -86,7 +86,7 @@ macro_rules! counters {
 
             /// Adds `other` counter by counter.
             pub fn add(&mut self, other: &IoCounters) {
-                $( Cell::add(&mut self.$field, &other.$field); )+
+                $( CounterCell::add(&mut self.$field, &other.$field); )+
             }
         }
 
@@ -95,7 +95,7 @@ macro_rules! counters {
         #[derive(Debug, Default)]
         #[repr(align(64))]
         pub struct SharedCounters {
-            $( $field: <counter_ty!($($ty)?) as Cell>::Shared, )+
+            $( $field: <counter_ty!($($ty)?) as CounterCell>::Shared, )+
             in_flight: AtomicU64,
         }
 
@@ -109,7 +109,7 @@ macro_rules! counters {
 
             /// The last published values.
             pub fn load(&self) -> IoCounters {
-                IoCounters { $( $field: Cell::load(&self.$field), )+ }
+                IoCounters { $( $field: CounterCell::load(&self.$field), )+ }
             }
 
             /// Requests in flight at the engine, as last published.
