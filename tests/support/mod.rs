@@ -10,6 +10,7 @@
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
 //! - [`rng`]: a seeded generator for randomized tests.
+//! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 #![allow(dead_code)]
 
 pub mod api;
@@ -19,3 +20,4 @@ pub mod mem;
 pub mod proc;
 pub mod qemu;
 pub mod rng;
+pub mod systemd;

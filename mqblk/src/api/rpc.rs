@@ -505,6 +505,7 @@ mod tests {
             readonly: cfg.readonly,
             connected: false,
             connections: 0,
+            in_flight: 0,
             counters: Default::default(),
             per_thread: Vec::new(),
         }

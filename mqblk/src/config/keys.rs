@@ -66,7 +66,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "id",
         value: "NAME",
-        help: "the export's name in the management API, the stats and the metrics (default: the socket's file name without its extension)",
+        help: "the export's name in the management API, the stats and the metrics, and the `FileDescriptorName=` of its socket under systemd socket activation (default: the socket's file name without its extension)",
         allowed: "1 to 64 letters, digits, '-', '_' or '.'",
         apply: |c, v| {
             let ok = (1..=64).contains(&v.len())
@@ -79,13 +79,24 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "socket",
         value: "PATH",
-        help: "vhost-user unix socket to listen on (required)",
+        help: "vhost-user unix socket to listen on (this or `fd=` is required)",
         allowed: "a path",
         apply: |c, v| {
             c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
             Some(())
         },
-        show: |c| Some(c.socket.display().to_string()),
+        show: |c| Some(c.socket.display().to_string()).filter(|s| !s.is_empty()),
+    },
+    Key {
+        name: "fd",
+        value: "N",
+        help: "serve the listening unix socket inherited as file descriptor N instead of binding a path (like qemu-storage-daemon's `addr.type=fd`); it is left open, never unlinked, at exit (default id: `fd-N`)",
+        allowed: "a file descriptor number from 0 to 2147483647",
+        apply: |c, v| {
+            c.fd = Some(int(v, 0, i32::MAX as u64)? as i32);
+            Some(())
+        },
+        show: |c| c.fd.map(|n| n.to_string()),
     },
     Key {
         name: "path",

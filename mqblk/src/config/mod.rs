@@ -41,6 +41,9 @@ pub enum ConfigError {
     /// A required key is absent.
     #[error("{0}")]
     Required(&'static str),
+    /// Two keys that exclude each other.
+    #[error("{0}")]
+    Conflict(&'static str),
     /// A value out of its allowed set.
     #[error("invalid {key}={value}: {allowed}")]
     Invalid {
@@ -68,6 +71,9 @@ pub enum ConfigError {
     /// Two exports on one socket.
     #[error("two exports use socket={0}: each export needs its own socket")]
     SharedSocket(String),
+    /// Two exports on one inherited descriptor.
+    #[error("two exports use fd={0}: each export needs its own listening socket")]
+    SharedFd(i32),
     /// Two exports with one id.
     #[error(
         "two exports have id={0}: give each export its own id= (by default the socket's file name)"
@@ -102,8 +108,11 @@ pub enum Threads {
 pub struct ExportConfig {
     /// The export's name (API, stats, metrics); derived from the socket when not given.
     pub id: String,
-    /// The vhost-user unix socket to listen on.
+    /// The vhost-user unix socket to listen on; empty when the export is given `fd`.
     pub socket: PathBuf,
+    /// A listening unix socket inherited as this file descriptor, served instead of binding
+    /// `socket`.
+    pub fd: Option<i32>,
     /// Backing file or block device (uring engine).
     pub path: Option<PathBuf>,
     /// Storage engine.
@@ -134,6 +143,7 @@ impl Default for ExportConfig {
         ExportConfig {
             id: String::new(),
             socket: PathBuf::new(),
+            fd: None,
             path: None,
             engine: EngineKind::Uring,
             size: None,
@@ -198,13 +208,26 @@ impl ExportConfig {
 
     /// What no single key can check: required keys and keys that depend on each other.
     fn check(&mut self) -> Result<(), ConfigError> {
-        if self.socket.as_os_str().is_empty() {
-            return Err(ConfigError::Required(
-                "socket=PATH is required (the vhost-user unix socket to listen on)",
-            ));
+        match (self.socket.as_os_str().is_empty(), self.fd) {
+            (true, None) => {
+                return Err(ConfigError::Required(
+                    "socket=PATH is required (the vhost-user unix socket to listen on), or fd=N \
+                     (a listening unix socket inherited as file descriptor N)",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(ConfigError::Conflict(
+                    "socket= and fd= exclude each other: give socket=PATH to bind a path, or \
+                     fd=N to serve an inherited listening socket",
+                ))
+            }
+            _ => {}
         }
         if self.id.is_empty() {
-            self.id = default_id(&self.socket);
+            self.id = match self.fd {
+                Some(fd) => format!("fd-{fd}"),
+                None => default_id(&self.socket),
+            };
         }
         match self.engine {
             EngineKind::Uring if self.path.is_none() => {
@@ -315,8 +338,12 @@ pub fn check_exports(exports: &[ExportConfig], allow_none: bool) -> Result<(), C
         return Err(ConfigError::NoExport);
     }
     for (i, a) in exports.iter().enumerate() {
-        if exports[i + 1..].iter().any(|b| b.socket == a.socket) {
+        let later = &exports[i + 1..];
+        if !a.socket.as_os_str().is_empty() && later.iter().any(|b| b.socket == a.socket) {
             return Err(ConfigError::SharedSocket(a.socket.display().to_string()));
+        }
+        if let Some(fd) = a.fd.filter(|&fd| later.iter().any(|b| b.fd == Some(fd))) {
+            return Err(ConfigError::SharedFd(fd));
         }
         if exports[i + 1..].iter().any(|b| b.id == a.id) {
             return Err(ConfigError::SharedId(a.id.clone()));
@@ -388,6 +415,39 @@ mod tests {
         let b = parse_export_spec("socket=/b/s.sock,path=p").unwrap();
         let e = check_exports(&[a, b], false).unwrap_err().to_string();
         assert!(e.contains("id=s"), "{e}");
+    }
+
+    #[test]
+    fn socket_or_inherited_fd() {
+        let c = parse_export_spec("fd=3,engine=null,size=1M").unwrap();
+        assert_eq!((c.fd, c.id.as_str()), (Some(3), "fd-3"));
+        assert!(c.socket.as_os_str().is_empty());
+        let c = parse_export_spec("fd=0,id=vm1,engine=null,size=1M").unwrap();
+        assert_eq!((c.fd, c.id.as_str()), (Some(0), "vm1"));
+        let e = |s: &str| parse_export_spec(s).unwrap_err().to_string();
+        assert!(e("engine=null,size=1M").contains("socket=PATH is required"));
+        assert!(e("engine=null,size=1M").contains("fd=N"));
+        let both = e("socket=s,fd=3,engine=null,size=1M");
+        assert!(
+            both.contains("socket= and fd= exclude each other"),
+            "{both}"
+        );
+        for bad in ["-1", "x", "2147483648", ""] {
+            let msg = e(&format!("fd={bad},engine=null,size=1M"));
+            assert!(
+                msg.contains(&format!("invalid fd={bad}")) && msg.contains("file descriptor"),
+                "{msg}"
+            );
+        }
+        let a = parse_export_spec("fd=3,id=a,engine=null,size=1M").unwrap();
+        let b = parse_export_spec("fd=3,id=b,engine=null,size=1M").unwrap();
+        let e = check_exports(&[a.clone(), b], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fd=3"), "{e}");
+        // Exports on inherited sockets have no path to share.
+        let b = parse_export_spec("fd=4,id=b,engine=null,size=1M").unwrap();
+        check_exports(&[a, b], false).unwrap();
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! resizes. Each export is independent; adding or removing one never touches another's I/O
 //! threads or connection.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -26,6 +27,15 @@ impl Exports {
 
     /// Starts an export whose id and socket no running export has.
     pub fn start(&self, cfg: ExportConfig) -> Result<ExportStatus, Error> {
+        self.start_activated(cfg, None)
+    }
+
+    /// [`Exports::start`] on a socket handed over by socket activation, if there is one.
+    pub fn start_activated(
+        &self,
+        cfg: ExportConfig,
+        activated: Option<RawFd>,
+    ) -> Result<ExportStatus, Error> {
         let mut running = self.lock();
         if running.iter().any(|e| e.device().config().id == cfg.id) {
             return Err(Error::IdTaken(cfg.id));
@@ -36,7 +46,7 @@ impl Exports {
         {
             return Err(Error::SocketTaken(cfg.socket));
         }
-        let export = Export::start(cfg)?;
+        let export = Export::start_activated(cfg, activated)?;
         let status = export.status();
         running.push(export);
         Ok(status)
@@ -74,6 +84,14 @@ impl Exports {
             .find(|e| e.device().config().id == id)
             .ok_or_else(|| Error::NoSuchExport(id.into()))?;
         Ok(f(e))
+    }
+
+    /// The id of an export whose listener or an I/O thread has stopped, if any.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.lock()
+            .iter()
+            .find(|e| !e.is_healthy())
+            .map(|e| e.device().config().id.clone())
     }
 
     /// Whether the API asked the daemon to exit.

@@ -43,11 +43,8 @@ impl Device {
         };
         let mut serial = cfg.serial.as_bytes().to_vec();
         serial.truncate(MAX_SERIAL_LEN);
-        let short_name: String = cfg
-            .socket
-            .file_stem()
-            .map(|s| s.to_string_lossy().chars().take(6).collect())
-            .unwrap_or_default();
+        // Thread names hold 15 bytes: "mqblk-ioN-" and the start of the export's id.
+        let short_name: String = cfg.id.chars().take(6).collect();
         let nthreads = cfg.num_threads();
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
@@ -154,6 +151,11 @@ impl Device {
     /// The I/O threads' counters, summed.
     pub fn counters(&self) -> IoCounters {
         IoCounters::sum(self.threads.iter().map(|t| t.counters()))
+    }
+
+    /// Whether every I/O thread still runs.
+    pub fn threads_running(&self) -> bool {
+        self.threads.iter().all(|t| t.is_running())
     }
 
     /// Drains and stops the I/O threads.

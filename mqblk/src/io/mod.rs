@@ -151,6 +151,11 @@ impl IoThreadHandle {
         &self.counters
     }
 
+    /// Whether the thread still runs (it ends only when told to, or when its io_uring fails).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     /// Stops the thread after draining, and joins it.
     pub fn shutdown(&mut self) {
         self.send(Command::Shutdown);

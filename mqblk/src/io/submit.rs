@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::complete::write_id;
+use super::complete::{write_id, Answered};
 use super::policy::merge::{self, Dir, MergeLimits, Shape};
 use super::slots::{map_segments, SlotId, IOV_MAX};
 use super::thread::IoThread;
@@ -108,6 +108,15 @@ impl IoThread {
     where
         I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
     {
+        // Answered here, a request is answered in the iteration that popped it.
+        let now = self.now_ns;
+        let answered = |ty, bytes| Answered {
+            local,
+            head,
+            ty,
+            bytes,
+            started_ns: now,
+        };
         let req = match blk::parse(chain, mem, &self.limits, &mut self.scratch, &mut self.segs) {
             Ok(r) => r,
             Err(rej) => {
@@ -115,21 +124,28 @@ impl IoThread {
                     let q = self.queues[local].as_ref().map_or(0, |q| q.index);
                     tracing::warn!(queue = q, head, reason = %rej.reason, status = ?rej.status, dropped_logs = d, "bad request from guest");
                 }
-                self.answer(local, head, rej.status, 1, rej.status_addr, mem);
+                self.answer(
+                    answered(rej.req_type, 0),
+                    rej.status,
+                    1,
+                    rej.status_addr,
+                    mem,
+                );
                 return;
             }
         };
         let status_addr = Some(req.status_addr);
+        let early = answered(req.kind.req_type(), req.len);
         if req.kind == Kind::GetId {
             let ok = write_id(mem, &self.segs, &self.serial, req.len as usize);
             let status = if ok { Status::Ok } else { Status::IoErr };
-            self.answer(local, head, status, req.len as u32 + 1, status_addr, mem);
+            self.answer(early, status, req.len as u32 + 1, status_addr, mem);
             return;
         }
         let Some(id) = self.slots.alloc() else {
             // Cannot happen: slots = sum of queue sizes and each queue is held at its size.
             // Fail safely anyway.
-            self.answer(local, head, Status::IoErr, 1, status_addr, mem);
+            self.answer(early, Status::IoErr, 1, status_addr, mem);
             return;
         };
         let slot = self.slots.get_mut(id);
@@ -139,7 +155,7 @@ impl IoThread {
                 if let Some(d) = self.log.allow() {
                     tracing::warn!(head, dropped_logs = d, "bad request from guest: data buffer outside guest memory or too many segments");
                 }
-                self.answer(local, head, Status::IoErr, 1, status_addr, mem);
+                self.answer(early, Status::IoErr, 1, status_addr, mem);
                 return;
             }
         } else {
@@ -151,6 +167,7 @@ impl IoThread {
         slot.status_addr = req.status_addr;
         slot.len = req.len;
         slot.offset = req.offset();
+        slot.started_ns = self.now_ns;
         self.staged.push(id);
     }
 

@@ -72,8 +72,11 @@ pub(super) struct IoThread {
     poll: PollPolicy,
     /// Requests started on the engine and not yet completed.
     pub(super) engine_in_flight: u64,
-    /// When `engine_in_flight` was last integrated into the counters.
-    in_flight_since: Instant,
+    /// What `now_ns` counts from.
+    epoch: Instant,
+    /// When this loop iteration began, in nanoseconds since `epoch`: the one clock reading
+    /// per iteration that the in-flight integral and every request's latency use.
+    pub(super) now_ns: u64,
     /// Capacity changes waiting for the requests in flight before them to complete.
     pub(super) capacity_barrier: Vec<CapacityBarrier>,
 }
@@ -125,7 +128,8 @@ impl IoThread {
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,
             engine_in_flight: 0,
-            in_flight_since: Instant::now(),
+            epoch: Instant::now(),
+            now_ns: 0,
             capacity_barrier: Vec::new(),
         };
         t.arm_control();
@@ -138,13 +142,13 @@ impl IoThread {
     /// The loop: reap, gather and start, finish stops, notify; then poll or sleep.
     pub(super) fn run(&mut self) {
         loop {
-            self.integrate_in_flight();
+            self.tick();
             self.reap();
             self.gather();
             self.start_staged();
             self.finish_stops();
             self.notify();
-            self.shared.publish(&self.counters);
+            self.shared.publish(&self.counters, self.engine_in_flight);
             if self.shutdown && self.queues.iter().all(Option::is_none) && self.slots.in_use() == 0
             {
                 break;
@@ -171,17 +175,18 @@ impl IoThread {
             self.counters.sleeps += 1;
             self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
-        self.shared.publish(&self.counters);
+        self.shared.publish(&self.counters, self.engine_in_flight);
     }
 
-    /// Adds the time since the last call, times the requests in flight at the engine, to
-    /// `engine_in_flight_ns`. Called once per loop iteration: the count changes only while
-    /// the loop works, and holds while it sleeps or polls, which is where the time goes.
-    fn integrate_in_flight(&mut self) {
-        let now = Instant::now();
-        let dt = now.duration_since(self.in_flight_since).as_nanos() as u64;
-        self.counters.engine_in_flight_ns += self.engine_in_flight * dt;
-        self.in_flight_since = now;
+    /// Reads the clock for this loop iteration (`now_ns`) and adds the time since the last
+    /// one, times the requests in flight at the engine, to `engine_in_flight_ns`. The count
+    /// changes only while the loop works, and holds while it sleeps or polls, which is where
+    /// the time goes. Requests are stamped with `now_ns` when popped and when answered, so
+    /// their latency costs no clock reading of its own.
+    fn tick(&mut self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.counters.engine_in_flight_ns += self.engine_in_flight * (now - self.now_ns);
+        self.now_ns = now;
     }
 
     /// Reads the wake eventfd through the ring: its completion means commands wait.
