@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::config::ConfigError;
 use crate::engine::OpenError;
 
 /// A failure to start serving.
@@ -34,6 +35,9 @@ pub enum Error {
         /// The error.
         err: std::io::Error,
     },
+    /// QoS settings that are invalid, or that conflict with the export's throttle group.
+    #[error(transparent)]
+    Qos(ConfigError),
     /// Signals could not be blocked.
     #[error("cannot block signals: {0}")]
     Signals(std::io::Error),

@@ -2,6 +2,7 @@
 //!
 //! - [`export`]: one export's lifecycle (storage, device, socket);
 //! - [`listener`]: the accept loop and the per-connection message loop;
+//! - [`qos`]: which QoS buckets each export uses, and the throttle groups;
 //! - [`signals`]: blocking and waiting for the stop signals;
 //! - [`stats`]: the `--stats-file` JSON;
 //! - [`error`]: why something could not start.
@@ -12,6 +13,7 @@
 pub mod error;
 pub mod export;
 pub mod listener;
+pub mod qos;
 pub mod signals;
 pub mod stats;
 

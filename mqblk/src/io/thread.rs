@@ -19,6 +19,7 @@ use super::rate_limit::RateLimit;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
 use super::stats::{IoCounters, SharedCounters};
+use super::throttle::Throttle;
 use super::vq::Vq;
 use super::{Command, GuestMemory, IoThreadConfig};
 use crate::blk::{Limits, Scratch, Segment};
@@ -71,6 +72,14 @@ pub(super) struct IoThread {
     pub(super) engine_in_flight: u64,
     /// When `engine_in_flight` was last integrated into the counters.
     in_flight_since: Instant,
+    /// QoS buckets (shared with the export's other threads, or its group's); `None`: no
+    /// limit, and requests skip admission.
+    pub(super) throttle: Option<Arc<Throttle>>,
+    /// Waiting requests should ask their buckets again (a timer fired, the limits or the
+    /// queue's state changed).
+    pub(super) admission_due: bool,
+    /// When the earliest QoS timer armed and not yet fired ends.
+    pub(super) qos_timer: Option<Instant>,
 }
 
 impl IoThread {
@@ -121,6 +130,9 @@ impl IoThread {
             tuning: cfg.tuning,
             engine_in_flight: 0,
             in_flight_since: Instant::now(),
+            throttle: cfg.throttle,
+            admission_due: false,
+            qos_timer: None,
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {
@@ -134,6 +146,9 @@ impl IoThread {
         loop {
             self.integrate_in_flight();
             self.reap();
+            if self.admission_due {
+                self.admit_waiting();
+            }
             self.gather();
             self.start_staged();
             self.finish_stops();
@@ -218,6 +233,7 @@ impl IoThread {
                         }
                     }
                 }
+                Token::QosTimer => self.on_qos_timer(),
                 Token::Ignore => {}
             }
         }
@@ -278,7 +294,7 @@ impl IoThread {
         }
     }
 
-    /// Whether any serving queue has avail entries not yet popped.
+    /// Whether any queue that takes requests now has avail entries not yet popped.
     pub(super) fn any_avail(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;
@@ -290,7 +306,8 @@ impl IoThread {
         found
     }
 
-    /// Re-enables guest notifications on every serving queue; true if work arrived meanwhile.
+    /// Re-enables guest notifications on every serving queue whose requests do not wait for
+    /// admission; true if work arrived meanwhile.
     fn enable_notifications(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;
