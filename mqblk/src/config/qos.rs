@@ -136,6 +136,32 @@ impl QosConfig {
         Bucket::ALL.iter().any(|&b| self.limit(b).rate > 0)
     }
 
+    /// The settings as `key=value` pairs, as an `--export` spec gives them (only what differs
+    /// from the defaults; empty for no QoS at all).
+    pub fn to_spec(&self) -> String {
+        let mut kv = Vec::new();
+        for b in Bucket::ALL {
+            let l = self.limit(b);
+            let (rate, max, len) = b.keys();
+            if l.rate > 0 {
+                kv.push(format!("{rate}={}", l.rate));
+            }
+            if l.max > 0 {
+                kv.push(format!("{max}={}", l.max));
+            }
+            if l.max_length > 1 {
+                kv.push(format!("{len}={}", l.max_length));
+            }
+        }
+        if self.iops_size > 0 {
+            kv.push(format!("iops-size={}", self.iops_size));
+        }
+        if let Some(g) = &self.group {
+            kv.push(format!("group={g}"));
+        }
+        kv.join(",")
+    }
+
     /// The same limits, without the group: what members of one group must agree on.
     pub fn without_group(&self) -> QosConfig {
         QosConfig {
@@ -362,5 +388,15 @@ mod tests {
         assert!(q.is_limited());
         q.group = Some("a".into());
         assert_eq!(q.without_group().group, None);
+        q.iops_read = Limit {
+            rate: 10,
+            max: 20,
+            max_length: 3,
+        };
+        assert_eq!(
+            q.to_spec(),
+            "iops-read=10,iops-read-max=20,iops-read-max-length=3,bps-write=1,group=a"
+        );
+        assert_eq!(QosConfig::default().to_spec(), "");
     }
 }

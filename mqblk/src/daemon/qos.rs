@@ -69,12 +69,16 @@ impl ExportQos {
             Some(g) => {
                 let theirs = g.throttle.config();
                 if cfg.is_limited() && cfg.without_group() != theirs {
+                    let why = format!(
+                        "the group's limits are {}, not {}: give the same ones, or only \
+                         group={name} to share them",
+                        theirs.to_spec(),
+                        cfg.without_group().to_spec()
+                    );
                     return Err(Error::Qos(ConfigError::Conflict {
                         key: "group",
                         value: name,
-                        why: "the group's exports give other limits: give the same ones, or \
-                              only group=NAME to share theirs"
-                            .into(),
+                        why,
                     }));
                 }
                 g.throttle.clone()
