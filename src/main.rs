@@ -7,7 +7,9 @@ use anyhow::{bail, ensure, Context};
 use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
+use mqblk::daemon::ServeOptions;
 
+mod ctl;
 mod demo;
 
 #[derive(Parser)]
@@ -38,7 +40,15 @@ enum Cmd {
         /// Rewrite this file with the exports' counters (JSON) every 100 ms, and at exit.
         #[arg(long, value_name = "PATH")]
         stats_file: Option<PathBuf>,
+        /// Serve the management API (JSON-RPC 2.0, one object per line) on this unix socket,
+        /// created 0600; with it, serve may start with no export and take them from
+        /// `export_add`.
+        #[arg(long, value_name = "PATH")]
+        api_socket: Option<PathBuf>,
     },
+    /// Talk to a running daemon's management API: prints the reply as JSON.
+    #[command(after_help = ctl::HELP)]
+    Ctl(ctl::CtlArgs),
     /// Serve a default disk image and drive real, verified I/O through it with the built-in
     /// vhost-user client (libblkio's virtio-blk-vhost-user driver).
     Demo {
@@ -93,6 +103,7 @@ fn init_logging(level: &str) -> anyhow::Result<()> {
 fn load_exports(
     specs: &[String],
     config_file: Option<&PathBuf>,
+    allow_none: bool,
 ) -> anyhow::Result<(Vec<ExportConfig>, Option<String>)> {
     let mut exports = Vec::new();
     let mut level = None;
@@ -107,7 +118,7 @@ fn load_exports(
     for s in specs {
         exports.push(config::parse_export_spec(s).with_context(|| format!("--export {s}"))?);
     }
-    config::check_exports(&exports)?;
+    config::check_exports(&exports, allow_none)?;
     Ok((exports, level))
 }
 
@@ -115,11 +126,11 @@ fn serve(
     exports: &[String],
     config: Option<&PathBuf>,
     log_level: Option<String>,
-    stats_file: Option<PathBuf>,
+    opts: ServeOptions,
 ) -> anyhow::Result<()> {
-    let (exports, file_level) = load_exports(exports, config)?;
+    let (exports, file_level) = load_exports(exports, config, opts.api_socket.is_some())?;
     init_logging(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
-    mqblk::daemon::serve(exports, stats_file)?;
+    mqblk::daemon::serve(exports, opts)?;
     Ok(())
 }
 
@@ -172,7 +183,17 @@ fn main() -> ExitCode {
             config,
             log_level,
             stats_file,
-        } => serve(&exports, config.as_ref(), log_level, stats_file),
+            api_socket,
+        } => serve(
+            &exports,
+            config.as_ref(),
+            log_level,
+            ServeOptions {
+                stats_file,
+                api_socket,
+            },
+        ),
+        Cmd::Ctl(args) => ctl::run(&args),
         Cmd::Demo {
             size,
             queues,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the initramfs of the end-to-end test guest: target/guest/initramfs.cpio.gz, holding
+# Builds the initramfs of an end-to-end test guest: target/guest/initramfs.cpio.gz, holding
 #   /init                       tests/guest/init
+# or, with arguments `mkinitramfs.sh INIT NAME`, tests/guest/INIT as /init in
+# target/guest/NAME.cpio.gz (the resize test's guest uses init-resize), and
 #   /bin/busybox                the static busybox from Debian's busybox-static package
 #   /lib/modules/virtio_blk.ko  target/guest/virtio_blk.ko (unpacked by .ci/setup)
 # Idempotent: does nothing when the output is newer than all of its inputs (and this script).
@@ -10,8 +12,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 guest="$root/target/guest"
-out="$guest/initramfs.cpio.gz"
-init="$here/init"
+out="$guest/${2:-initramfs}.cpio.gz"
+init="$here/${1:-init}"
 module="$guest/virtio_blk.ko"
 busybox="${MQBLK_BUSYBOX:-/bin/busybox}"
 

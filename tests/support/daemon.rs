@@ -417,6 +417,22 @@ impl Daemon {
         }
     }
 
+    /// Waits up to `timeout` for the daemon to exit by itself; its status, reaped.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.has_exited() {
+                self.stop_watchdog();
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Whether the daemon has exited (reaping it if so).
     pub fn has_exited(&mut self) -> Option<ExitStatus> {
         self.child.as_mut()?.try_wait().expect("waitpid")

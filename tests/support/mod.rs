@@ -1,6 +1,7 @@
 //! What the integration tests share. Each test file is its own crate and pulls this folder in
 //! with `mod support;`; a test uses only part of it, hence `dead_code` is allowed here.
 //!
+//! - [`api`]: a client of the management API (JSON-RPC on `--api-socket`).
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
 //! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
@@ -11,6 +12,7 @@
 //! - [`rng`]: a seeded generator for randomized tests.
 #![allow(dead_code)]
 
+pub mod api;
 pub mod daemon;
 pub mod frontend;
 pub mod mem;

@@ -62,6 +62,11 @@ impl GuestBoot {
     /// Checks for the kernel and QEMU (panicking with [`SETUP_HINT`]) and builds the initramfs
     /// with `script` (relative to the repository; a no-op when its output is up to date).
     pub fn prepare(script: &str) -> Self {
+        Self::prepare_with(script, &[])
+    }
+
+    /// [`GuestBoot::prepare`], passing `args` to the build script.
+    pub fn prepare_with(script: &str, args: &[&str]) -> Self {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         let kernel = repo.join("target/guest/vmlinuz");
         assert!(
@@ -70,7 +75,7 @@ impl GuestBoot {
             kernel.display()
         );
         let qemu_version = tool_version("qemu-system-x86_64");
-        let initramfs = build_initramfs(&repo.join(script));
+        let initramfs = build_initramfs(&repo.join(script), args);
         GuestBoot {
             kernel,
             initramfs,
@@ -131,9 +136,10 @@ impl GuestBoot {
 }
 
 /// Runs an initramfs build script and returns the path it prints.
-fn build_initramfs(script: &Path) -> PathBuf {
+fn build_initramfs(script: &Path, args: &[&str]) -> PathBuf {
     let out = Command::new("bash")
         .arg(script)
+        .args(args)
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));

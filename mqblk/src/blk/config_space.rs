@@ -63,6 +63,11 @@ impl ConfigSpace {
         self.0.wce = u8::from(writeback);
     }
 
+    /// Sets the capacity, in sectors (an online resize).
+    pub fn set_capacity_sectors(&mut self, sectors: u64) {
+        self.0.capacity = sectors.to_le();
+    }
+
     /// Capacity in sectors.
     pub fn capacity_sectors(&self) -> u64 {
         u64::from_le(self.0.capacity)

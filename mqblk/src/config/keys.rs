@@ -23,6 +23,8 @@ pub struct Key {
     pub allowed: &'static str,
     /// Applies a value; `None` when the value is not one the key accepts.
     apply: fn(&mut ExportConfig, &str) -> Option<()>,
+    /// The value an export has, as `apply` takes it; `None` when it is unset.
+    show: fn(&ExportConfig) -> Option<String>,
 }
 
 impl Key {
@@ -30,6 +32,27 @@ impl Key {
     pub fn apply(&self, cfg: &mut ExportConfig, value: &str) -> Option<()> {
         (self.apply)(cfg, value)
     }
+
+    /// The value `cfg` has for this key, in the form [`Key::apply`] takes.
+    pub fn show(&self, cfg: &ExportConfig) -> Option<String> {
+        (self.show)(cfg)
+    }
+}
+
+fn on_off(b: bool) -> String {
+    if b { "on" } else { "off" }.into()
+}
+
+/// Every key `cfg` sets to something other than its default, with its value: what recreates
+/// `cfg` through [`ExportConfig::from_pairs`].
+pub fn pairs(cfg: &ExportConfig) -> Vec<(&'static str, String)> {
+    let default = ExportConfig::default();
+    KEYS.iter()
+        .filter_map(|k| {
+            let v = k.show(cfg)?;
+            (Some(&v) != k.show(&default).as_ref()).then_some((k.name, v))
+        })
+        .collect()
 }
 
 /// An integer in `lo..=hi`.
@@ -71,6 +94,7 @@ pub const KEYS: &[Key] = &[
             c.id = Some(v.to_string()).filter(|_| valid_name(v))?;
             Some(())
         },
+        show: |c| Some(c.id.clone()),
     },
     Key {
         name: "socket",
@@ -81,6 +105,7 @@ pub const KEYS: &[Key] = &[
             c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
             Some(())
         },
+        show: |c| Some(c.socket.display().to_string()),
     },
     Key {
         name: "path",
@@ -91,6 +116,7 @@ pub const KEYS: &[Key] = &[
             c.path = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
             Some(())
         },
+        show: |c| c.path.as_ref().map(|p| p.display().to_string()),
     },
     Key {
         name: "engine",
@@ -106,6 +132,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.engine { EngineKind::Uring => "uring", EngineKind::Null => "null", EngineKind::Mem => "mem" }.into()),
     },
     Key {
         name: "size",
@@ -116,6 +143,7 @@ pub const KEYS: &[Key] = &[
             c.size = Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?);
             Some(())
         },
+        show: |c| c.size.map(|n| n.to_string()),
     },
     Key {
         name: "queues",
@@ -126,6 +154,7 @@ pub const KEYS: &[Key] = &[
             c.queues = int(v, 1, u64::from(MAX_QUEUES))? as u16;
             Some(())
         },
+        show: |c| Some(c.queues.to_string()),
     },
     Key {
         name: "queue-size",
@@ -136,6 +165,7 @@ pub const KEYS: &[Key] = &[
             c.queue_size = int(v, 2, 32768).filter(|n| n.is_power_of_two())? as u16;
             Some(())
         },
+        show: |c| Some(c.queue_size.to_string()),
     },
     Key {
         name: "threads",
@@ -149,6 +179,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.threads { Threads::PerQueue => "per-queue".into(), Threads::Count(n) => n.to_string() }),
     },
     Key {
         name: "cpus",
@@ -160,6 +191,7 @@ pub const KEYS: &[Key] = &[
             c.cpus = list;
             Some(())
         },
+        show: |c| (!c.cpus.is_empty()).then(|| c.cpus.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(":")),
     },
     Key {
         name: "readonly",
@@ -170,6 +202,7 @@ pub const KEYS: &[Key] = &[
             c.readonly = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.readonly)),
     },
     Key {
         name: "direct",
@@ -180,6 +213,7 @@ pub const KEYS: &[Key] = &[
             c.direct = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.direct)),
     },
     Key {
         name: "serial",
@@ -190,6 +224,7 @@ pub const KEYS: &[Key] = &[
             c.serial = Some(v.to_string()).filter(|s| s.len() <= MAX_SERIAL_LEN)?;
             Some(())
         },
+        show: |c| Some(c.serial.clone()),
     },
     Key {
         name: "poll",
@@ -205,6 +240,7 @@ pub const KEYS: &[Key] = &[
             };
             Some(())
         },
+        show: |c| Some(match c.tuning.poll { PollMode::Off => "off", PollMode::On => "on", PollMode::Adaptive => "adaptive" }.into()),
     },
     Key {
         name: "poll-max-us",
@@ -215,6 +251,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.poll_max_us = int(v, 0, 10_000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.poll_max_us.to_string()),
     },
     Key {
         name: "batch-wait-us",
@@ -225,6 +262,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.batch_wait_us = int(v, 0, 1000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.batch_wait_us.to_string()),
     },
     Key {
         name: "merge",
@@ -235,6 +273,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.merge = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.merge)),
     },
     Key {
         name: "fixed-files",
@@ -245,6 +284,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.fixed_files = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.fixed_files)),
     },
     Key {
         name: "fixed-buffers",
@@ -255,6 +295,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.fixed_buffers = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.fixed_buffers)),
     },
     Key {
         name: "sqpoll-idle-ms",
@@ -265,6 +306,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.sqpoll_idle_ms = int(v, 0, 10_000)? as u32;
             Some(())
         },
+        show: |c| Some(c.tuning.sqpoll_idle_ms.to_string()),
     },
     Key {
         name: "coop-taskrun",
@@ -275,6 +317,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.coop_taskrun = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.coop_taskrun)),
     },
     Key {
         name: "submit-early",
@@ -285,6 +328,7 @@ pub const KEYS: &[Key] = &[
             c.tuning.submit_early = parse_bool(v)?;
             Some(())
         },
+        show: |c| Some(on_off(c.tuning.submit_early)),
     },
     Key {
         name: "iops-total",
@@ -295,6 +339,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_total.rate = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-total-max",
@@ -305,6 +350,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_total.max = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-total-max-length",
@@ -315,6 +361,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_total.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "iops-read",
@@ -325,6 +372,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_read.rate = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-read-max",
@@ -335,6 +383,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_read.max = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-read-max-length",
@@ -345,6 +394,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_read.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "iops-write",
@@ -355,6 +405,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_write.rate = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-write-max",
@@ -365,6 +416,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_write.max = int(v, 0, MAX_RATE)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "iops-write-max-length",
@@ -375,6 +427,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_write.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "bps-total",
@@ -385,6 +438,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_total.rate = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-total-max",
@@ -395,6 +449,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_total.max = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-total-max-length",
@@ -405,6 +460,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_total.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "bps-read",
@@ -415,6 +471,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_read.rate = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-read-max",
@@ -425,6 +482,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_read.max = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-read-max-length",
@@ -435,6 +493,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_read.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "bps-write",
@@ -445,6 +504,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_write.rate = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.rate).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-write-max",
@@ -455,6 +515,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_write.max = bytes_rate(v)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.max).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "bps-write-max-length",
@@ -465,6 +526,7 @@ pub const KEYS: &[Key] = &[
             qos(c).bps_write.max_length = int(v, 1, MAX_BURST_LENGTH)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
     },
     Key {
         name: "iops-size",
@@ -475,6 +537,7 @@ pub const KEYS: &[Key] = &[
             qos(c).iops_size = parse_size(v).filter(|n| *n <= 1 << 30)?;
             Some(())
         },
+        show: |c| c.qos.as_ref().map(|q| q.iops_size).filter(|&n| n > 0).map(|n| n.to_string()),
     },
     Key {
         name: "group",
@@ -485,6 +548,7 @@ pub const KEYS: &[Key] = &[
             qos(c).group = Some(Some(v.to_string()).filter(|_| valid_name(v))?);
             Some(())
         },
+        show: |c| c.qos.as_ref().and_then(|q| q.group.clone()),
     },
 ];
 
@@ -550,6 +614,23 @@ pub fn readme_rows() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every key's value reads back through its own parser: what `save_config` writes recreates
+    /// the export.
+    #[test]
+    fn an_export_round_trips_through_its_pairs() {
+        for spec in [
+            "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,queue-size=256,id=disk-1",
+            "socket=/run/b.sock,engine=null,size=1G",
+            "socket=/run/c.sock,engine=mem,size=64M,threads=per-queue",
+            "socket=/run/d.sock,engine=null,size=1G,iops-read=100,iops-read-max=1000,iops-read-max-length=60,iops-write=50,iops-write-max=60,bps-total=1048576,bps-total-max=2097152,bps-total-max-length=3,iops-size=4096,group=g",
+            "socket=/run/e.sock,engine=null,size=1G,iops-total=5,iops-total-max=6,iops-total-max-length=2,bps-read=7,bps-read-max=8,bps-read-max-length=9,bps-write=10,bps-write-max=11,bps-write-max-length=12",
+        ] {
+            let cfg = super::super::parse_export_spec(spec).unwrap();
+            let again = ExportConfig::from_pairs(pairs(&cfg)).unwrap();
+            assert_eq!(again, cfg, "{spec}");
+        }
+    }
 
     #[test]
     fn names_are_unique_and_help_fits() {

@@ -75,7 +75,7 @@ pub enum ConfigError {
         error: Box<ConfigError>,
     },
     /// No export at all.
-    #[error("no export given: pass --export socket=PATH,path=IMAGE (see --help)")]
+    #[error("no export given: pass --export socket=PATH,path=IMAGE (see --help), or --api-socket PATH to add exports later")]
     NoExport,
     /// Two exports on one socket.
     #[error("two exports use socket={0}: each export needs its own socket")]
@@ -326,9 +326,10 @@ pub fn parse_config_file(text: &str) -> Result<(Vec<ExportConfig>, Option<String
     Ok((out, file.log_level))
 }
 
-/// Checks a set of exports against each other.
-pub fn check_exports(exports: &[ExportConfig]) -> Result<(), ConfigError> {
-    if exports.is_empty() {
+/// Checks a set of exports against each other; `allow_none` when exports can come later
+/// (through the management API).
+pub fn check_exports(exports: &[ExportConfig], allow_none: bool) -> Result<(), ConfigError> {
+    if exports.is_empty() && !allow_none {
         return Err(ConfigError::NoExport);
     }
     for (i, a) in exports.iter().enumerate() {
@@ -403,7 +404,7 @@ mod tests {
         assert!(e.contains("invalid id=a/b"), "{e}");
         let a = parse_export_spec("socket=/a/s.sock,path=p").unwrap();
         let b = parse_export_spec("socket=/b/s.sock,path=p").unwrap();
-        let e = check_exports(&[a, b]).unwrap_err().to_string();
+        let e = check_exports(&[a, b], false).unwrap_err().to_string();
         assert!(e.contains("id=s"), "{e}");
     }
 
@@ -546,6 +547,7 @@ threads = "per-queue"
             .unwrap_err()
             .to_string();
         assert!(err.contains("sockett"), "{err}");
-        assert!(check_exports(&[]).is_err());
+        assert!(check_exports(&[], false).is_err());
+        assert!(check_exports(&[], true).is_ok());
     }
 }

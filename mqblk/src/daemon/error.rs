@@ -41,4 +41,27 @@ pub enum Error {
     /// Signals could not be blocked.
     #[error("cannot block signals: {0}")]
     Signals(std::io::Error),
+    /// The management API's socket could not be set up.
+    #[error("--api-socket {path}: {err}")]
+    ApiSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// No export has this id.
+    #[error("no export has id={0}")]
+    NoSuchExport(String),
+    /// A running export already has this id.
+    #[error("an export with id={0} is already running: give another id=")]
+    IdTaken(String),
+    /// A running export already listens on this socket.
+    #[error("an export is already listening on socket={}: each export needs its own socket", .0.display())]
+    SocketTaken(PathBuf),
+    /// A frontend is connected and the request would cut it off.
+    #[error("export {0} has a frontend connected: detach it first, or use mode=hard to drain and disconnect it")]
+    InUse(String),
+    /// The export could not be resized.
+    #[error("cannot resize: {0}")]
+    Resize(#[from] crate::engine::ResizeError),
 }

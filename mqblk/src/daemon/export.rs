@@ -80,6 +80,14 @@ impl Export {
         &self.device
     }
 
+    /// The export's settings now: as given, with its QoS as it is now (it may have been changed
+    /// at runtime, or by another member of its throttle group).
+    pub fn config(&self) -> ExportConfig {
+        let mut cfg = self.device.config().clone();
+        cfg.qos = self.qos.current();
+        cfg
+    }
+
     /// The export's QoS now: its limits (its throttle group's, if in one) and its group.
     pub fn qos(&self) -> QosConfig {
         self.qos.config()
@@ -111,6 +119,28 @@ impl Export {
             counters: d.counters(),
             per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),
         }
+    }
+
+    /// Resizes the export (to `size` bytes, or to what its store now holds) and tells a
+    /// connected frontend, which then raises a config interrupt in the guest.
+    pub fn resize(&self, size: Option<u64>) -> Result<ExportStatus, Error> {
+        let id = self.device.config().id.clone();
+        let new = self.device.resize(size)?;
+        tracing::info!(id, capacity = new, "export resized");
+        let session = self
+            .state
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(session) = session {
+            match session.lock().unwrap_or_else(|e| e.into_inner()).config_changed() {
+                Ok(true) => {}
+                Ok(false) => tracing::info!(id, "the frontend gave no channel for config changes: the guest sees the new size when it reads the configuration again"),
+                Err(e) => tracing::warn!(id, err = %e, "could not tell the frontend about the new size"),
+            }
+        }
+        Ok(self.status())
     }
 
     /// The socket it listens on.

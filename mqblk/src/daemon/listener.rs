@@ -11,7 +11,13 @@ use std::sync::{Arc, Mutex};
 use vhost::vhost_user::{BackendReqHandler, Error as VhuError, VhostUserBackendReqHandler};
 
 use super::error::Error;
+use crate::frontend::backend_channel::peek_backend_channel;
 use crate::frontend::{Device, Session};
+
+/// Locks a session (a panicked holder leaves it usable: its state is plain data).
+fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
+    session.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Binds a unix socket, refusing to steal one another process is listening on.
 pub fn bind(path: &Path) -> Result<UnixListener, Error> {
@@ -51,6 +57,8 @@ pub struct ListenerState {
     pub stop: AtomicBool,
     /// Frontends accepted since the export started.
     pub connections: AtomicU64,
+    /// The session of the connected frontend, for the control plane (resize).
+    pub session: Mutex<Option<Arc<Mutex<Session>>>>,
 }
 
 impl ListenerState {
@@ -94,12 +102,16 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             }
         }
         let session = Arc::new(Mutex::new(Session::new(device.clone())));
+        *state.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         let mut handler = BackendReqHandler::from_stream(stream, session.clone());
         loop {
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
             if !wait_for_message(&listener, &handler, served) {
                 break;
+            }
+            if let Some(channel) = peek_backend_channel(handler.as_raw_fd()) {
+                lock(&session).set_backend_channel(channel);
             }
             match handler.handle_request() {
                 Ok(()) => {}
@@ -118,12 +130,10 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             }
         }
         *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *state.session.lock().unwrap_or_else(|e| e.into_inner()) = None;
         drop(handler);
         // Drain the connection's in-flight I/O and forget its memory.
-        session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .disconnect();
+        lock(&session).disconnect();
     }
 }
 

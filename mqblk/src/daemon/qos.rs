@@ -100,6 +100,16 @@ impl ExportQos {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The export's QoS now, as `ExportConfig::qos` holds it: `None` for an export that has
+    /// never had QoS settings.
+    pub fn current(&self) -> Option<QosConfig> {
+        let bound = {
+            let b = self.binding();
+            b.throttle.is_some() || b.group.is_some()
+        };
+        bound.then(|| self.config())
+    }
+
     /// The export's QoS now: its limits (its group's, if in one) and its group.
     pub fn config(&self) -> QosConfig {
         let b = self.binding();

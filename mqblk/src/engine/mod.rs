@@ -95,6 +95,29 @@ pub trait Engine: Send + Sync {
     fn block_size(&self) -> u32;
     /// A new channel for the calling I/O thread, which owns it from then on.
     fn channel(&self) -> io::Result<Box<dyn Channel>>;
+    /// Changes the capacity: to `size` bytes, or (`None`) to what the backing store now holds
+    /// (a file or block device resized by someone else). Returns the new capacity.
+    fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError>;
+}
+
+/// Why an export could not be resized. Each message is one line for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// The size is zero or not a multiple of 512.
+    #[error("size {0} is not a positive multiple of 512 bytes")]
+    BadSize(u64),
+    /// This engine needs the new size given.
+    #[error("engine={0} has no backing store to re-read: give the new size")]
+    SizeNeeded(&'static str),
+    /// A block device's size is its own.
+    #[error("a block device cannot be resized by mqblk ({actual} bytes): resize the device, then resize the export without a size")]
+    BlockDevice {
+        /// The device's size.
+        actual: u64,
+    },
+    /// The backing store could not be resized or measured.
+    #[error("{0}")]
+    Io(#[from] io::Error),
 }
 
 /// One I/O thread's way to its engine. Never shared between threads.

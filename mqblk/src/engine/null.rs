@@ -2,18 +2,21 @@
 //! measures the backend itself.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{op_bytes, Channel, Engine, Op, Started};
+use super::{op_bytes, Channel, Engine, Op, ResizeError, Started};
 
 /// The null engine.
 pub struct NullEngine {
-    capacity: u64,
+    capacity: AtomicU64,
 }
 
 impl NullEngine {
     /// A null disk of `capacity` bytes.
     pub fn new(capacity: u64) -> Self {
-        NullEngine { capacity }
+        NullEngine {
+            capacity: AtomicU64::new(capacity),
+        }
     }
 }
 
@@ -22,13 +25,21 @@ impl Engine for NullEngine {
         "null"
     }
     fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
     }
     fn block_size(&self) -> u32 {
         512
     }
     fn channel(&self) -> io::Result<Box<dyn Channel>> {
         Ok(Box::new(NullChannel))
+    }
+    fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
+        let size = size.ok_or(ResizeError::SizeNeeded("null"))?;
+        if size == 0 || size % 512 != 0 {
+            return Err(ResizeError::BadSize(size));
+        }
+        self.capacity.store(size, Ordering::Relaxed);
+        Ok(size)
     }
 }
 

@@ -6,16 +6,17 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
-use super::{Channel, Engine, Op, OpenError, Started};
+use super::{Channel, Engine, Op, OpenError, ResizeError, Started};
 
 /// io_uring on a file, block device or memfd.
 pub struct UringEngine {
     file: Arc<File>,
-    capacity: u64,
+    capacity: AtomicU64,
     block_size: u32,
     name: &'static str,
 }
@@ -25,7 +26,7 @@ impl UringEngine {
     pub(super) fn new(file: File, capacity: u64, block_size: u32, name: &'static str) -> Self {
         UringEngine {
             file: Arc::new(file),
-            capacity,
+            capacity: AtomicU64::new(capacity),
             block_size,
             name,
         }
@@ -37,7 +38,7 @@ impl Engine for UringEngine {
         self.name
     }
     fn capacity(&self) -> u64 {
-        self.capacity
+        self.capacity.load(Ordering::Relaxed)
     }
     fn block_size(&self) -> u32 {
         self.block_size
@@ -47,6 +48,32 @@ impl Engine for UringEngine {
             file: self.file.clone(),
             zero_by_punching: false,
         }))
+    }
+
+    fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
+        let meta = self.file.metadata()?;
+        let is_blk = meta.file_type().is_block_device();
+        let actual = if is_blk {
+            blockdev_size(&self.file)?
+        } else {
+            meta.len()
+        };
+        let new = match size {
+            Some(s) if s == 0 || s % 512 != 0 => return Err(ResizeError::BadSize(s)),
+            Some(s) if is_blk && s != actual => return Err(ResizeError::BlockDevice { actual }),
+            Some(s) => {
+                if s != actual {
+                    self.file.set_len(s)?;
+                }
+                s
+            }
+            None => actual & !511,
+        };
+        if new == 0 {
+            return Err(ResizeError::BadSize(new));
+        }
+        self.capacity.store(new, Ordering::Relaxed);
+        Ok(new)
     }
 }
 

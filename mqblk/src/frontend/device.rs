@@ -2,11 +2,11 @@
 //! outlive frontend connections. A [`Session`](super::session::Session) (one connection) starts
 //! and stops its queues on these threads.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::blk::{ConfigSpace, Geometry, Limits};
 use crate::config::{ExportConfig, MAX_SERIAL_LEN};
-use crate::engine::Engine;
+use crate::engine::{Engine, ResizeError};
 use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX};
 
 /// Largest discard / write-zeroes, in sectors (512 MiB).
@@ -17,7 +17,8 @@ pub struct Device {
     cfg: ExportConfig,
     engine: Arc<dyn Engine>,
     threads: Vec<IoThreadHandle>,
-    config_space: ConfigSpace,
+    /// Changes only on an online resize (control plane).
+    config_space: Mutex<ConfigSpace>,
 }
 
 impl Device {
@@ -81,7 +82,7 @@ impl Device {
             cfg,
             engine,
             threads,
-            config_space: ConfigSpace::new(&geometry),
+            config_space: Mutex::new(ConfigSpace::new(&geometry)),
         })
     }
 
@@ -97,7 +98,52 @@ impl Device {
 
     /// The configuration space in write-back mode (a session sets the cache mode it has).
     pub fn config_space(&self) -> ConfigSpace {
+        *self.config_space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resizes the disk to `size` bytes, or (`None`) to what its backing store now holds, and
+    /// returns the new capacity. The order keeps every request inside the store: a disk that
+    /// shrinks first stops taking requests past the new end and waits for those in flight,
+    /// then the store shrinks; a disk that grows first grows its store. The frontend still has
+    /// to be told ([`Session::config_changed`](super::Session::config_changed)).
+    pub fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
+        let current = self.engine.capacity();
+        let new = match size {
+            Some(s) if s < current => {
+                if s == 0 || s % 512 != 0 {
+                    return Err(ResizeError::BadSize(s));
+                }
+                self.set_thread_capacity(s >> 9);
+                self.engine.resize(Some(s))?
+            }
+            _ => {
+                let new = self.engine.resize(size)?;
+                self.set_thread_capacity(new >> 9);
+                new
+            }
+        };
         self.config_space
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_capacity_sectors(new >> 9);
+        Ok(new)
+    }
+
+    /// Gives every I/O thread the new capacity and waits until each has finished the
+    /// requests it had in flight before.
+    fn set_thread_capacity(&self, sectors: u64) {
+        let replies: Vec<_> = self
+            .threads
+            .iter()
+            .map(|t| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                t.send(Command::SetCapacity { sectors, reply: tx });
+                rx
+            })
+            .collect();
+        for rx in replies {
+            let _ = rx.recv();
+        }
     }
 
     /// The I/O threads.

@@ -32,6 +32,7 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
         | VhostUserProtocolFeatures::REPLY_ACK
         | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
         | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        | VhostUserProtocolFeatures::BACKEND_REQ
 }
 
 /// Whether `features` (acked by the frontend) include virtio feature `bit`.

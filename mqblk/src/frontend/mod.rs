@@ -6,8 +6,10 @@
 //! - [`session`]: one connection, the vhost-user request handler;
 //! - [`memory`]: the shared guest memory table; [`vring`]: a vring being set up;
 //! - [`features`]: what is offered;
+//! - [`backend_channel`]: telling the frontend about a config change (online resize);
 //! - [`error`]: why a message is refused.
 
+pub mod backend_channel;
 pub mod device;
 pub mod error;
 pub mod features;

@@ -23,6 +23,7 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::ByteValued;
 
+use super::backend_channel::BackendChannel;
 use super::device::Device;
 use super::error::{Error, Result};
 use super::features::{self, device_features, protocol_features};
@@ -42,6 +43,8 @@ pub struct Session {
     /// The guest's cache mode (CONFIG_WCE): write-back unless it chose write-through.
     writeback: bool,
     inflight: Option<Arc<InflightRegion>>,
+    /// The frontend's channel for backend requests (SET_BACKEND_REQ_FD), if it gave one.
+    backend_channel: Option<BackendChannel>,
 }
 
 impl Session {
@@ -56,6 +59,24 @@ impl Session {
             vrings: (0..nq).map(|_| VringSetup::default()).collect(),
             writeback: true,
             inflight: None,
+            backend_channel: None,
+        }
+    }
+
+    /// Keeps the channel the frontend is about to hand over with SET_BACKEND_REQ_FD (see
+    /// [`backend_channel`](super::backend_channel)).
+    pub fn set_backend_channel(&mut self, sock: File) {
+        self.backend_channel = Some(BackendChannel::new(sock));
+    }
+
+    /// Tells the frontend that the configuration space changed (an online resize). Returns
+    /// false when this frontend gave no channel for it (it did not negotiate BACKEND_REQ): it
+    /// sees the change only when it reads the configuration again.
+    pub fn config_changed(&mut self) -> std::io::Result<bool> {
+        let reply_ack = self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
+        match self.backend_channel.as_mut() {
+            Some(ch) => ch.config_changed(reply_ack).map(|()| true),
+            None => Ok(false),
         }
     }
 
@@ -180,6 +201,7 @@ impl Session {
         self.acked_features = 0;
         self.acked_protocol = 0;
         self.inflight = None;
+        self.backend_channel = None;
         self.set_writeback(true);
     }
 

@@ -84,6 +84,10 @@ impl IoThread {
                     self.throttle = throttle;
                     self.admission_due = true;
                 }
+                Command::SetCapacity { sectors, reply } => {
+                    self.limits.capacity_sectors = sectors;
+                    self.capacity_barrier.push((self.slots.snapshot(), reply));
+                }
                 Command::Shutdown => {
                     self.shutdown = true;
                     self.admission_due = true;
@@ -133,6 +137,14 @@ impl IoThread {
                 let _ = r.send(next_avail);
             }
         }
+        let slots = &self.slots;
+        self.capacity_barrier.retain(|(snapshot, reply)| {
+            let done = slots.all_done(snapshot);
+            if done {
+                let _ = reply.send(());
+            }
+            !done
+        });
         if self.pending_mem.is_some() && self.slots.in_use() == 0 {
             let (mem, reply) = self.pending_mem.take().expect("checked");
             self.mem = mem;

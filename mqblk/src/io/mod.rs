@@ -112,6 +112,15 @@ pub enum Command {
     /// The QoS buckets to admit requests through; `None`: no limit (requests waiting for
     /// admission start at once).
     SetThrottle(Option<Arc<Throttle>>),
+    /// A new capacity (an online resize): requests parsed from now on are checked against it;
+    /// replies once every request that was in flight when the command arrived has completed,
+    /// so that after a shrink nothing reaches past the new end.
+    SetCapacity {
+        /// Capacity in 512-byte sectors.
+        sectors: u64,
+        /// Acknowledgement.
+        reply: SyncSender<()>,
+    },
     /// Drain everything and exit the thread.
     Shutdown,
 }

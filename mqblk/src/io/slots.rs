@@ -42,6 +42,11 @@ pub struct Slot {
     merged_iovs: Vec<libc::iovec>,
     /// The next member of the merged I/O this slot belongs to.
     next: SlotId,
+    /// Taken by a request now.
+    in_use: bool,
+    /// How often the slot was taken: tells a request that was in flight at some moment from a
+    /// later one in the same slot.
+    uses: u32,
 }
 
 impl Slot {
@@ -56,6 +61,8 @@ impl Slot {
             iovs: Vec::new(),
             merged_iovs: Vec::new(),
             next: NONE,
+            in_use: false,
+            uses: 0,
         }
     }
 
@@ -92,14 +99,35 @@ impl SlotTable {
     /// Takes a free slot, its merge link cleared.
     pub fn alloc(&mut self) -> Option<SlotId> {
         let id = self.free.pop()?;
-        self.slots[id as usize].next = NONE;
+        let s = &mut self.slots[id as usize];
+        s.next = NONE;
+        s.in_use = true;
+        s.uses = s.uses.wrapping_add(1);
         Some(id)
     }
 
     /// Returns a slot to the free list.
     pub fn release(&mut self, id: SlotId) {
-        debug_assert!(!self.free.contains(&id), "slot {id} released twice");
+        debug_assert!(self.slots[id as usize].in_use, "slot {id} released twice");
+        self.slots[id as usize].in_use = false;
         self.free.push(id);
+    }
+
+    /// The requests in flight now, to wait for with [`SlotTable::all_done`].
+    pub fn snapshot(&self) -> Vec<(SlotId, u32)> {
+        (0..self.slots.len() as SlotId)
+            .filter(|&id| self.slots[id as usize].in_use)
+            .map(|id| (id, self.slots[id as usize].uses))
+            .collect()
+    }
+
+    /// Whether every request of `snapshot` has completed (later requests in the same slots do
+    /// not count).
+    pub fn all_done(&self, snapshot: &[(SlotId, u32)]) -> bool {
+        snapshot.iter().all(|&(id, uses)| {
+            let s = &self.slots[id as usize];
+            !s.in_use || s.uses != uses
+        })
     }
 
     /// Slots in use.
@@ -252,6 +280,16 @@ mod tests {
         let id = t.alloc().unwrap();
         assert!(!t.get(id).is_merged());
         assert!(t.lookup(99).is_none());
+        // A snapshot waits for the requests in flight then, not for later ones in their slots.
+        let b = t.alloc().unwrap();
+        let snap = t.snapshot();
+        assert_eq!(snap.len(), 2);
+        assert!(!t.all_done(&snap));
+        t.release(id);
+        assert!(!t.all_done(&snap));
+        t.release(b);
+        let again = t.alloc().unwrap();
+        assert!(t.all_done(&snap), "slot {again} is a later request");
     }
 
     #[test]

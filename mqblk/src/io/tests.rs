@@ -90,6 +90,9 @@ impl Engine for FakeEngine {
     fn block_size(&self) -> u32 {
         512
     }
+    fn resize(&self, _size: Option<u64>) -> Result<u64, crate::engine::ResizeError> {
+        Err(crate::engine::ResizeError::SizeNeeded("fake"))
+    }
     fn channel(&self) -> std::io::Result<Box<dyn Channel>> {
         Ok(Box::new(FakeChannel {
             seen: self.seen.clone(),

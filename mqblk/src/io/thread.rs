@@ -29,6 +29,9 @@ use crate::engine::{Channel, Engine};
 /// Poll-loop iterations between yields of the CPU (a few microseconds).
 const YIELD_SPINS: u32 = 128;
 
+/// A capacity change waiting for these requests (slot, use) to complete before it replies.
+pub(super) type CapacityBarrier = (Vec<(SlotId, u32)>, SyncSender<()>);
+
 /// An I/O thread.
 pub(super) struct IoThread {
     pub(super) ring: Ring,
@@ -80,6 +83,8 @@ pub(super) struct IoThread {
     pub(super) admission_due: bool,
     /// When the earliest QoS timer armed and not yet fired ends.
     pub(super) qos_timer: Option<Instant>,
+    /// Capacity changes waiting for the requests in flight before them to complete.
+    pub(super) capacity_barrier: Vec<CapacityBarrier>,
 }
 
 impl IoThread {
@@ -133,6 +138,7 @@ impl IoThread {
             throttle: cfg.throttle,
             admission_due: false,
             qos_timer: None,
+            capacity_barrier: Vec::new(),
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {

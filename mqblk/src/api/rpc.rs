@@ -1,0 +1,685 @@
+//! The management API: JSON-RPC 2.0 over a unix socket, one JSON object per line, many
+//! clients at once (a thread each).
+//!
+//! Methods (`params` is an object):
+//! - `export_add {id?, socket, ...every export key}`: starts an export; returns its status;
+//! - `export_del {id, mode?: "safe"|"hard"}`: `safe` (the default) refuses while a frontend
+//!   is connected; `hard` drains its in-flight I/O and disconnects it;
+//! - `export_list {}`, `export_get {id}`, `export_stats {id?}`;
+//! - `export_resize {id, size?}`: `size` in bytes (a number, or a string with a K/M/G/T
+//!   suffix); without it, the backing file or device is measured again;
+//! - `save_config {path}`: writes the TOML that recreates the running exports;
+//! - `version {}`, `shutdown {}`.
+//!
+//! The socket is created 0600 whatever the umask, and a peer whose uid (SO_PEERCRED) is
+//! neither root nor the daemon's own is told no and disconnected.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use serde_json::{json, Map, Value};
+
+use super::control::{Control, ControlError, RemoveMode};
+use crate::config::{keys, parse_size, ExportConfig};
+
+/// Longest request line accepted; a longer one is answered with a parse error and skipped.
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// Most clients served at once; more are told no.
+pub const MAX_CLIENTS: usize = 64;
+
+/// JSON-RPC's own error codes.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+
+/// A JSON-RPC error: code and message.
+type RpcError = (i64, String);
+
+/// The running API server.
+pub struct ApiServer {
+    path: PathBuf,
+    listener_fd: i32,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Binds `path` (0600) and serves `control` on it from a thread of its own.
+    pub fn start(path: &Path, control: Arc<dyn Control>) -> io::Result<ApiServer> {
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by another process", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        // The socket file must never be connectable by others, not even between bind and
+        // chmod: bind with a umask that leaves only the owner's bits.
+        // SAFETY: umask only swaps the process's file-creation mask; it is restored at once.
+        let old = unsafe { libc::umask(0o177) };
+        let bound = UnixListener::bind(path);
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let listener = bound?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener_fd = listener.as_raw_fd();
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("mqblk-api".into())
+                .spawn(move || accept_loop(listener, control, stop))?
+        };
+        Ok(ApiServer {
+            path: path.to_path_buf(),
+            listener_fd,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops accepting and removes the socket file (clients being served finish their line).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // SAFETY: shutdown(2) on the listening socket the accept thread still owns; it makes
+        // accept() return.
+        unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<AtomicBool>) {
+    let clients = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::SeqCst) {
+        let Ok((stream, _)) = listener.accept() else {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            continue;
+        };
+        if let Err(why) = check_peer(&stream) {
+            tracing::warn!(why, "management API connection refused");
+            let _ = reply_line(&stream, &error_reply(Value::Null, (INVALID_REQUEST, why)));
+            continue;
+        }
+        if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+            clients.fetch_sub(1, Ordering::SeqCst);
+            let why = format!("more than {MAX_CLIENTS} management clients at once");
+            let _ = reply_line(&stream, &error_reply(Value::Null, (INVALID_REQUEST, why)));
+            continue;
+        }
+        let (control, clients2) = (control.clone(), clients.clone());
+        let spawned = std::thread::Builder::new()
+            .name("mqblk-api-client".into())
+            .spawn(move || {
+                serve_client(stream, &*control);
+                clients2.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            clients.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Root and the daemon's own user may manage it; nobody else.
+fn check_peer(stream: &UnixStream) -> Result<(), String> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which outlives the call.
+    let r = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "cannot read the peer's credentials: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if cred.uid != 0 && cred.uid != me {
+        return Err(format!(
+            "uid {} may not manage this daemon (only root and uid {me})",
+            cred.uid
+        ));
+    }
+    Ok(())
+}
+
+fn reply_line(mut stream: &UnixStream, v: &Value) -> io::Result<()> {
+    let mut line = serde_json::to_vec(v).expect("a Value serialises");
+    line.push(b'\n');
+    stream.write_all(&line)
+}
+
+/// Reads one request per line and answers it, until the client hangs up.
+fn serve_client(stream: UnixStream, control: &dyn Control) {
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    loop {
+        let line = match read_line(&mut reader) {
+            Ok(Some(Line::Text(l))) => l,
+            Ok(Some(Line::TooLong)) => {
+                let e = (
+                    PARSE_ERROR,
+                    format!("request longer than {MAX_REQUEST} bytes"),
+                );
+                if reply_line(&stream, &error_reply(Value::Null, e)).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Ok(None) | Err(_) => return,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = handle_line(&line, control);
+        if let Some(r) = reply {
+            if reply_line(&stream, &r).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+enum Line {
+    Text(String),
+    TooLong,
+}
+
+/// The next line, without its newline; a line over [`MAX_REQUEST`] is consumed and reported.
+fn read_line<R: BufRead>(r: &mut R) -> io::Result<Option<Line>> {
+    let mut buf = Vec::new();
+    let n = r
+        .by_ref()
+        .take(MAX_REQUEST as u64 + 1)
+        .read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    } else if buf.len() > MAX_REQUEST {
+        // Skip the rest of the line.
+        loop {
+            let available = r.fill_buf()?;
+            if available.is_empty() {
+                break;
+            }
+            match available.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    r.consume(i + 1);
+                    break;
+                }
+                None => {
+                    let len = available.len();
+                    r.consume(len);
+                }
+            }
+        }
+        return Ok(Some(Line::TooLong));
+    }
+    Ok(Some(Line::Text(String::from_utf8_lossy(&buf).into_owned())))
+}
+
+fn error_reply(id: Value, (code, message): RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "error": {"code": code, "message": message}, "id": id})
+}
+
+/// Answers one line: a request, a notification (no answer) or a batch.
+pub fn handle_line(line: &str, control: &dyn Control) -> Option<Value> {
+    let v: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(error_reply(
+                Value::Null,
+                (PARSE_ERROR, format!("not JSON: {e}")),
+            ))
+        }
+    };
+    match v {
+        Value::Array(batch) if batch.is_empty() => Some(error_reply(
+            Value::Null,
+            (INVALID_REQUEST, "an empty batch".into()),
+        )),
+        Value::Array(batch) => {
+            let replies: Vec<Value> = batch
+                .into_iter()
+                .filter_map(|r| handle_request(r, control))
+                .collect();
+            (!replies.is_empty()).then_some(Value::Array(replies))
+        }
+        other => handle_request(other, control),
+    }
+}
+
+fn handle_request(v: Value, control: &dyn Control) -> Option<Value> {
+    let Value::Object(mut req) = v else {
+        return Some(error_reply(
+            Value::Null,
+            (INVALID_REQUEST, "a request must be a JSON object".into()),
+        ));
+    };
+    let id = req.remove("id");
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    if req.get("jsonrpc") != Some(&Value::from("2.0")) {
+        return Some(error_reply(
+            reply_id,
+            (INVALID_REQUEST, "\"jsonrpc\" must be \"2.0\"".into()),
+        ));
+    }
+    let Some(Value::String(method)) = req.remove("method") else {
+        return Some(error_reply(
+            reply_id,
+            (INVALID_REQUEST, "\"method\" must be a string".into()),
+        ));
+    };
+    let params = match req.remove("params") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Some(error_reply(
+                reply_id,
+                invalid("\"params\" must be an object of named parameters"),
+            ))
+        }
+    };
+    let result = call(&method, params, control);
+    // A request without an id is a notification: no answer, even to an error.
+    id.as_ref()?;
+    Some(match result {
+        Ok(r) => json!({"jsonrpc": "2.0", "result": r, "id": reply_id}),
+        Err(e) => error_reply(reply_id, e),
+    })
+}
+
+fn control_error(e: ControlError) -> RpcError {
+    (e.code(), e.to_string())
+}
+
+fn invalid(msg: impl Into<String>) -> RpcError {
+    control_error(ControlError::InvalidParams(msg.into()))
+}
+
+/// Checks that `params` has only the names in `allowed`.
+fn only(params: &Map<String, Value>, method: &str, allowed: &[&str]) -> Result<(), RpcError> {
+    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => Err(invalid(format!(
+            "{method} has no parameter '{k}' (it takes: {})",
+            if allowed.is_empty() {
+                "none".to_string()
+            } else {
+                allowed.join(", ")
+            }
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn string_param(params: &Map<String, Value>, name: &str) -> Result<Option<String>, RpcError> {
+    match params.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(invalid(format!("'{name}' must be a string, not {other}"))),
+    }
+}
+
+fn required(params: &Map<String, Value>, name: &str) -> Result<String, RpcError> {
+    string_param(params, name)?.ok_or_else(|| invalid(format!("'{name}' is required")))
+}
+
+/// A parameter as an export key's value: strings as they are, numbers and booleans written out.
+fn key_value(name: &str, v: &Value) -> Result<String, RpcError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(if *b { "on" } else { "off" }.into()),
+        other => Err(invalid(format!(
+            "'{name}' must be a string, a number or a boolean, not {other}"
+        ))),
+    }
+}
+
+fn call(
+    method: &str,
+    params: Map<String, Value>,
+    control: &dyn Control,
+) -> Result<Value, RpcError> {
+    match method {
+        "export_add" => {
+            let mut pairs = Vec::with_capacity(params.len());
+            for (k, v) in &params {
+                pairs.push((k.as_str(), key_value(k, v)?));
+            }
+            let cfg = ExportConfig::from_pairs(pairs).map_err(|e| invalid(e.to_string()))?;
+            Ok(json!(control.add(cfg).map_err(control_error)?))
+        }
+        "export_del" => {
+            only(&params, method, &["id", "mode"])?;
+            let id = required(&params, "id")?;
+            let mode = match string_param(&params, "mode")?.as_deref() {
+                None | Some("safe") => RemoveMode::Safe,
+                Some("hard") => RemoveMode::Hard,
+                Some(m) => return Err(invalid(format!("'mode' is '{m}': safe or hard"))),
+            };
+            control.remove(&id, mode).map_err(control_error)?;
+            Ok(json!({"id": id, "removed": true}))
+        }
+        "export_list" => {
+            only(&params, method, &[])?;
+            Ok(json!(control.list()))
+        }
+        "export_get" => {
+            only(&params, method, &["id"])?;
+            let id = required(&params, "id")?;
+            let (cfg, status) = control.get(&id).map_err(control_error)?;
+            let config: Map<String, Value> = keys::pairs(&cfg)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v)))
+                .collect();
+            Ok(json!({"config": config, "status": status}))
+        }
+        "export_stats" => {
+            only(&params, method, &["id"])?;
+            let list = control.list();
+            let list = match string_param(&params, "id")? {
+                Some(id) => {
+                    let one: Vec<_> = list.into_iter().filter(|s| s.id == id).collect();
+                    if one.is_empty() {
+                        return Err(control_error(ControlError::NoSuchExport(id)));
+                    }
+                    one
+                }
+                None => list,
+            };
+            let stats: Vec<Value> = list
+                .into_iter()
+                .map(|s| json!({"id": s.id, "counters": s.counters, "per_thread": s.per_thread}))
+                .collect();
+            Ok(json!(stats))
+        }
+        "export_resize" => {
+            only(&params, method, &["id", "size"])?;
+            let id = required(&params, "id")?;
+            let size = match params.get("size") {
+                None | Some(Value::Null) => None,
+                Some(v) => {
+                    let text = key_value("size", v)?;
+                    Some(parse_size(&text).filter(|n| *n > 0 && n % 512 == 0).ok_or_else(|| {
+                        invalid(format!("'size' is {text}: a positive multiple of 512 bytes, with an optional K/M/G/T suffix"))
+                    })?)
+                }
+            };
+            Ok(json!(control.resize(&id, size).map_err(control_error)?))
+        }
+        "save_config" => {
+            only(&params, method, &["path"])?;
+            let path = PathBuf::from(required(&params, "path")?);
+            let text = config_toml(&control.configs());
+            write_atomically(&path, &text)
+                .map_err(|e| control_error(ControlError::Failed(format!("cannot write {}: {e}", path.display()))))?;
+            Ok(json!({"path": path, "exports": control.configs().len()}))
+        }
+        "version" => {
+            only(&params, method, &[])?;
+            Ok(json!({"name": "mqblk", "version": env!("CARGO_PKG_VERSION")}))
+        }
+        "shutdown" => {
+            only(&params, method, &[])?;
+            control.shutdown();
+            Ok(json!({"shutting_down": true}))
+        }
+        other => Err((
+            METHOD_NOT_FOUND,
+            format!("no method '{other}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, save_config, version, shutdown)"),
+        )),
+    }
+}
+
+/// The TOML config file that recreates `exports` (`mqblk serve --config`).
+pub fn config_toml(exports: &[ExportConfig]) -> String {
+    let mut out = String::from("# Written by mqblk's save_config: the exports it was serving.\n");
+    for cfg in exports {
+        let mut table = toml::Table::new();
+        for (k, v) in keys::pairs(cfg) {
+            table.insert(k.to_string(), toml::Value::String(v));
+        }
+        out.push_str("\n[[export]]\n");
+        out.push_str(&toml::to_string(&table).expect("a table of strings serialises"));
+    }
+    out
+}
+
+fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ExportStatus;
+    use std::sync::Mutex;
+
+    /// A daemon that only records what it was asked.
+    #[derive(Default)]
+    struct Recorder {
+        added: Mutex<Vec<ExportConfig>>,
+    }
+
+    fn status(cfg: &ExportConfig) -> ExportStatus {
+        ExportStatus {
+            id: cfg.id.clone(),
+            socket: cfg.socket.clone(),
+            engine: "null".into(),
+            capacity: cfg.size.unwrap_or(0),
+            queues: cfg.queues,
+            threads: cfg.num_threads(),
+            mapping: cfg.mapping_name().into(),
+            readonly: cfg.readonly,
+            connected: false,
+            connections: 0,
+            counters: Default::default(),
+            per_thread: Vec::new(),
+        }
+    }
+
+    impl Control for Recorder {
+        fn add(&self, cfg: ExportConfig) -> Result<ExportStatus, ControlError> {
+            let mut added = self.added.lock().unwrap();
+            if added.iter().any(|c| c.id == cfg.id) {
+                return Err(ControlError::Conflict(format!("id={} is taken", cfg.id)));
+            }
+            added.push(cfg.clone());
+            Ok(status(&cfg))
+        }
+        fn remove(&self, id: &str, _mode: RemoveMode) -> Result<(), ControlError> {
+            let mut added = self.added.lock().unwrap();
+            let n = added.len();
+            added.retain(|c| c.id != id);
+            if added.len() == n {
+                return Err(ControlError::NoSuchExport(id.into()));
+            }
+            Ok(())
+        }
+        fn list(&self) -> Vec<ExportStatus> {
+            self.added.lock().unwrap().iter().map(status).collect()
+        }
+        fn get(&self, id: &str) -> Result<(ExportConfig, ExportStatus), ControlError> {
+            let added = self.added.lock().unwrap();
+            let c = added
+                .iter()
+                .find(|c| c.id == id)
+                .ok_or_else(|| ControlError::NoSuchExport(id.into()))?;
+            Ok((c.clone(), status(c)))
+        }
+        fn resize(&self, id: &str, _size: Option<u64>) -> Result<ExportStatus, ControlError> {
+            self.get(id).map(|(_, s)| s)
+        }
+        fn configs(&self) -> Vec<ExportConfig> {
+            self.added.lock().unwrap().clone()
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn ask(c: &Recorder, line: &str) -> Value {
+        handle_line(line, c).expect("a reply")
+    }
+
+    fn code(v: &Value) -> i64 {
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no error in {v}"))
+    }
+
+    #[test]
+    fn requests_and_their_errors() {
+        let c = Recorder::default();
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":1,"method":"export_add","params":{"socket":"/tmp/a.sock","engine":"null","size":"1M","queues":2,"readonly":true}}"#,
+        );
+        assert_eq!(r["result"]["id"], "a", "{r}");
+        assert_eq!(r["result"]["queues"], 2);
+        assert_eq!(r["id"], 1);
+        // Errors name the problem, with JSON-RPC codes.
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":2,"method":"export_add","params":{"socket":"/tmp/a.sock","engine":"null","size":"1M"}}"#,
+        );
+        assert_eq!(code(&r), -32002, "{r}");
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":3,"method":"export_add","params":{"socket":"/tmp/b.sock","queues":"many"}}"#,
+        );
+        assert_eq!(code(&r), -32602);
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("queues"),
+            "{r}"
+        );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":4,"method":"export_add","params":{"socket":"/tmp/b.sock","queues":[1]}}"#,
+        );
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("'queues' must be"),
+            "{r}"
+        );
+        assert_eq!(
+            code(&ask(&c, r#"{"jsonrpc":"2.0","id":5,"method":"fly"}"#)),
+            -32601
+        );
+        assert_eq!(code(&ask(&c, "{not json")), -32700);
+        assert_eq!(
+            code(&ask(&c, r#"{"jsonrpc":"1.0","id":6,"method":"version"}"#)),
+            -32600
+        );
+        assert_eq!(code(&ask(&c, r#"[1]"#)[0]), -32600);
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":7,"method":"export_del","params":{"id":"a","mode":"gentle"}}"#,
+        );
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("safe or hard"),
+            "{r}"
+        );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":8,"method":"export_del","params":{"id":"a"}}"#,
+        );
+        assert_eq!(r["result"]["removed"], true, "{r}");
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":9,"method":"export_del","params":{"id":"a"}}"#,
+        );
+        assert_eq!(code(&r), -32001, "a second delete: {r}");
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":10,"method":"export_list","params":{"verbose":1}}"#,
+        );
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("no parameter 'verbose'"),
+            "{r}"
+        );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":11,"method":"export_resize","params":{"id":"x","size":"7"}}"#,
+        );
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("'size' is 7"),
+            "{r}"
+        );
+        // A notification gets no answer; a batch gets one per request.
+        assert!(handle_line(r#"{"jsonrpc":"2.0","method":"version"}"#, &c).is_none());
+        let r = ask(
+            &c,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"version"},{"jsonrpc":"2.0","id":2,"method":"export_list"}]"#,
+        );
+        assert_eq!(r.as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn saved_config_recreates_the_exports() {
+        let c = Recorder::default();
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"export_add","params":{"socket":"/tmp/a.sock","path":"/img","queues":4,"direct":false,"cpus":"0-3"}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"export_add","params":{"socket":"/tmp/b.sock","engine":"mem","size":"64M","id":"scratch"}}"#,
+        ] {
+            assert!(ask(&c, line).get("result").is_some());
+        }
+        let text = config_toml(&c.configs());
+        let (again, _) = crate::config::parse_config_file(&text).unwrap();
+        assert_eq!(again, c.configs(), "{text}");
+    }
+
+    #[test]
+    fn over_long_lines_are_refused_and_skipped() {
+        let mut input = vec![b'x'; MAX_REQUEST * 3];
+        input.extend_from_slice(b"\n{\"after\":1}\n");
+        let mut r = std::io::Cursor::new(input);
+        assert!(matches!(read_line(&mut r).unwrap(), Some(Line::TooLong)));
+        match read_line(&mut r).unwrap() {
+            Some(Line::Text(t)) => assert_eq!(t, "{\"after\":1}"),
+            _ => panic!("the next line is read whole"),
+        }
+        assert!(read_line(&mut r).unwrap().is_none());
+    }
+}

@@ -1,0 +1,151 @@
+//! The running exports, by id: what `serve` starts and the management API adds, removes and
+//! resizes. Each export is independent; adding or removing one never touches another's I/O
+//! threads or connection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use super::error::Error;
+use super::export::Export;
+use crate::api::{Control, ControlError, ExportStatus, RemoveMode};
+use crate::config::{EngineKind, ExportConfig};
+
+/// The daemon's exports.
+#[derive(Default)]
+pub struct Exports {
+    /// In the order they were added. Held while an export starts (control plane only).
+    running: Mutex<Vec<Export>>,
+    /// Set by the API's `shutdown`; the main thread drains and exits.
+    shutdown: AtomicBool,
+}
+
+impl Exports {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Export>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts an export whose id and socket no running export has.
+    pub fn start(&self, cfg: ExportConfig) -> Result<ExportStatus, Error> {
+        let mut running = self.lock();
+        if running.iter().any(|e| e.device().config().id == cfg.id) {
+            return Err(Error::IdTaken(cfg.id));
+        }
+        if running
+            .iter()
+            .any(|e| e.device().config().socket == cfg.socket)
+        {
+            return Err(Error::SocketTaken(cfg.socket));
+        }
+        let export = Export::start(cfg)?;
+        let status = export.status();
+        running.push(export);
+        Ok(status)
+    }
+
+    /// Removes an export, draining it; with [`RemoveMode::Safe`] only when no frontend is
+    /// connected.
+    pub fn stop(&self, id: &str, mode: RemoveMode) -> Result<(), Error> {
+        let export = {
+            let mut running = self.lock();
+            let i = running
+                .iter()
+                .position(|e| e.device().config().id == id)
+                .ok_or_else(|| Error::NoSuchExport(id.into()))?;
+            if mode == RemoveMode::Safe && running[i].status().connected {
+                return Err(Error::InUse(id.into()));
+            }
+            running.remove(i)
+        };
+        tracing::info!(id, ?mode, "removing export");
+        export.shutdown();
+        Ok(())
+    }
+
+    /// Every export's status.
+    pub fn statuses(&self) -> Vec<ExportStatus> {
+        self.lock().iter().map(Export::status).collect()
+    }
+
+    /// Runs `f` on the export `id`.
+    fn with<T>(&self, id: &str, f: impl FnOnce(&Export) -> T) -> Result<T, Error> {
+        let running = self.lock();
+        let e = running
+            .iter()
+            .find(|e| e.device().config().id == id)
+            .ok_or_else(|| Error::NoSuchExport(id.into()))?;
+        Ok(f(e))
+    }
+
+    /// Whether the API asked the daemon to exit.
+    pub fn shutdown_requested(&self) -> bool {
+        self.shutdown.load(Ordering::SeqCst)
+    }
+
+    /// Drains and removes every export, the last added first.
+    pub fn stop_all(&self) {
+        let all = std::mem::take(&mut *self.lock());
+        for e in all.into_iter().rev() {
+            e.shutdown();
+        }
+    }
+
+    /// Runs `f` with the running exports (for the stats file).
+    pub fn each<T>(&self, f: impl FnOnce(&[Export]) -> T) -> T {
+        f(&self.lock())
+    }
+}
+
+impl From<Error> for ControlError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::NoSuchExport(id) => ControlError::NoSuchExport(id),
+            Error::IdTaken(_) | Error::SocketTaken(_) | Error::SocketBusy(_) => {
+                ControlError::Conflict(e.to_string())
+            }
+            Error::InUse(_) => ControlError::Busy(e.to_string()),
+            other => ControlError::Failed(other.to_string()),
+        }
+    }
+}
+
+impl Control for Exports {
+    fn add(&self, cfg: ExportConfig) -> Result<ExportStatus, ControlError> {
+        Ok(self.start(cfg)?)
+    }
+
+    fn remove(&self, id: &str, mode: RemoveMode) -> Result<(), ControlError> {
+        Ok(self.stop(id, mode)?)
+    }
+
+    fn list(&self) -> Vec<ExportStatus> {
+        self.statuses()
+    }
+
+    fn get(&self, id: &str) -> Result<(ExportConfig, ExportStatus), ControlError> {
+        Ok(self.with(id, |e| (e.config(), e.status()))?)
+    }
+
+    fn resize(&self, id: &str, size: Option<u64>) -> Result<ExportStatus, ControlError> {
+        Ok(self.with(id, |e| e.resize(size))??)
+    }
+
+    /// The settings that recreate the running exports: as they were given, with the size an
+    /// export has now (after a resize) wherever a size was given or is needed, and its QoS as
+    /// it is now.
+    fn configs(&self) -> Vec<ExportConfig> {
+        self.lock()
+            .iter()
+            .map(|e| {
+                let mut cfg = e.config();
+                if cfg.size.is_some() || cfg.engine != EngineKind::Uring {
+                    cfg.size = Some(e.device().engine().capacity());
+                }
+                cfg
+            })
+            .collect()
+    }
+
+    fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
+}

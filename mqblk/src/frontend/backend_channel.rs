@@ -1,0 +1,124 @@
+//! The backend's channel to the frontend (protocol feature BACKEND_REQ), used to tell it that
+//! the configuration space changed (an online resize), so that it raises a config interrupt
+//! and the guest reads the new capacity.
+//!
+//! The `vhost` crate (0.18) hands the handler this channel only as an opaque `Backend` whose
+//! config-change message is not implemented. mqblk therefore takes its own duplicate of the
+//! channel's descriptor: it peeks at each message before the crate reads it, and when the
+//! message is SET_BACKEND_REQ_FD, the peek (which installs a duplicate of an attached
+//! descriptor in this process) yields the channel. The message itself is 12 bytes.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::time::Duration;
+
+/// VHOST_USER_SET_BACKEND_REQ_FD.
+const SET_BACKEND_REQ_FD: u32 = 21;
+/// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG.
+const CONFIG_CHANGE_MSG: u32 = 2;
+/// Header flags: protocol version 1, and "reply wanted".
+const VERSION: u32 = 0x1;
+const NEED_REPLY: u32 = 0x8;
+/// How long a frontend may take to acknowledge a config change.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Peeks at the next message on the frontend connection `conn`: when it is
+/// SET_BACKEND_REQ_FD, returns a duplicate of the channel descriptor it carries. Reads nothing
+/// off the connection.
+pub fn peek_backend_channel(conn: RawFd) -> Option<File> {
+    let mut hdr = [0u8; 12];
+    // First the header alone, with no room for descriptors, so that peeking at messages that
+    // carry them (memory tables, eventfds) installs nothing.
+    let mut iov = libc::iovec {
+        iov_base: hdr.as_mut_ptr().cast(),
+        iov_len: hdr.len(),
+    };
+    // SAFETY: a zeroed msghdr is valid; it points at one live iovec over `hdr`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: recvmsg on a descriptor the caller owns, into buffers that outlive the call.
+    let n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    if n != hdr.len() as isize
+        || u32::from_le_bytes(hdr[0..4].try_into().ok()?) != SET_BACKEND_REQ_FD
+    {
+        return None;
+    }
+    // Now with room for one descriptor: the peek installs a duplicate of it.
+    let mut cbuf = [0u64; 4];
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: as above; the control buffer is live and its length is given.
+    let n = unsafe {
+        libc::recvmsg(
+            conn,
+            &mut msg,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if n <= 0 {
+        return None;
+    }
+    // SAFETY: CMSG_FIRSTHDR/CMSG_DATA walk the control buffer the kernel filled, within
+    // msg_controllen.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return None;
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd);
+        // The kernel installed `fd` for us; nobody else owns it.
+        (fd >= 0).then(|| File::from_raw_fd(fd))
+    }
+}
+
+/// The channel on which mqblk sends the frontend backend requests.
+pub struct BackendChannel {
+    sock: File,
+}
+
+impl BackendChannel {
+    /// The channel over `sock`, a duplicate of the SET_BACKEND_REQ_FD descriptor.
+    pub fn new(sock: File) -> Self {
+        BackendChannel { sock }
+    }
+
+    /// Tells the frontend that the configuration space changed. With `reply_ack` (the
+    /// REPLY_ACK protocol feature), waits for its acknowledgement.
+    pub fn config_changed(&mut self, reply_ack: bool) -> io::Result<()> {
+        let flags = VERSION | if reply_ack { NEED_REPLY } else { 0 };
+        let mut msg = [0u8; 12];
+        msg[0..4].copy_from_slice(&CONFIG_CHANGE_MSG.to_le_bytes());
+        msg[4..8].copy_from_slice(&flags.to_le_bytes());
+        self.sock.write_all(&msg)?;
+        if !reply_ack {
+            return Ok(());
+        }
+        // The reply: a header and a u64, 0 for success.
+        let mut pfd = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one live pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, REPLY_TIMEOUT.as_millis() as i32) } != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the frontend did not acknowledge the config change",
+            ));
+        }
+        let mut reply = [0u8; 20];
+        self.sock.read_exact(&mut reply)?;
+        let status = u64::from_le_bytes(reply[12..20].try_into().expect("8 bytes"));
+        if status != 0 {
+            return Err(io::Error::other(format!(
+                "the frontend refused the config change ({status})"
+            )));
+        }
+        Ok(())
+    }
+}

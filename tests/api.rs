@@ -1,0 +1,352 @@
+//! The management API against the real daemon: adding, removing and resizing exports while
+//! others serve, what it refuses, who may talk to it, and save_config.
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use mqblk_client::{check_pattern, fill_pattern, Client, Pattern, Workload};
+use serde_json::{json, Value};
+use support::api::Api;
+use support::daemon::{file_len, mqblk_bin, Daemon, Export, TestDir, MIB};
+
+/// A daemon with the API on `dir/api.sock` and `exports`.
+fn daemon(dir: &TestDir, exports: &[Export]) -> (Daemon, Api) {
+    let api = dir.join("api.sock");
+    let d = Daemon::start_args(dir, exports, &["--api-socket", api.to_str().unwrap()]);
+    let a = Api::connect(&api);
+    (d, a)
+}
+
+fn ids(api: &mut Api) -> Vec<String> {
+    api.ok("export_list", json!({}))
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Writes a seeded pattern over `len` bytes from `offset` and reads it back.
+fn write_and_verify(c: &mut Client, offset: u64, len: usize, seed: u64) {
+    let mut data = vec![0u8; len];
+    fill_pattern(&mut data, offset, seed);
+    c.write(0, offset, &data).expect("write");
+    let back = c.read_vec(0, offset, len).expect("read back");
+    assert_eq!(
+        check_pattern(&back, offset, seed),
+        None,
+        "data at {offset} read back wrong"
+    );
+}
+
+#[test]
+fn exports_are_added_and_removed_while_another_serves() {
+    let dir = TestDir::new();
+    let busy_img = dir.image("busy.img", 64 * MIB, None);
+    let busy = dir.join("busy.sock");
+    let (mut d, mut api) = daemon(&dir, &[Export::file(&busy, &busy_img).queues(2)]);
+
+    // The running export serves a verified workload for the whole test.
+    let workload = {
+        let mut w = Workload::new(&busy);
+        w.num_queues = 2;
+        w.jobs = 2;
+        w.iodepth = 16;
+        w.pattern = Pattern::RandWrite;
+        w.runtime = Some(Duration::from_secs(4));
+        std::thread::spawn(move || mqblk_client::run(&w))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+
+    let new_img = dir.image("new.img", 16 * MIB, None);
+    let new_sock = dir.join("new.sock");
+    let added = api.ok(
+        "export_add",
+        json!({"id": "hot", "socket": new_sock, "path": new_img, "queues": 2, "direct": false}),
+    );
+    assert_eq!(
+        (added["id"].as_str(), added["capacity"].as_u64()),
+        (Some("hot"), Some(16 * MIB))
+    );
+    assert_eq!(ids(&mut api), vec!["busy", "hot"]);
+
+    let mut c = Client::connect(&new_sock, 2).expect("connect to the added export");
+    assert_eq!(c.capacity(), 16 * MIB);
+    write_and_verify(&mut c, 4 * MIB, 256 * 1024, 11);
+    let got = api.ok("export_get", json!({"id": "hot"}));
+    assert_eq!(got["status"]["connected"], true, "{got}");
+    assert_eq!(got["config"]["queues"], "2", "{got}");
+
+    // safe refuses while the frontend is there; hard drains and disconnects it.
+    let e = api.call("export_del", json!({"id": "hot"})).unwrap_err();
+    assert_eq!(e.0, -32003, "{e:?}");
+    assert!(e.1.contains("frontend connected"), "{e:?}");
+    assert!(new_sock.exists());
+    api.ok("export_del", json!({"id": "hot", "mode": "hard"}));
+    assert!(!new_sock.exists(), "the socket file is removed");
+    assert!(
+        c.read_vec(0, 0, 4096).is_err(),
+        "the removed export's frontend was disconnected"
+    );
+    drop(c);
+    let e = api.call("export_del", json!({"id": "hot"})).unwrap_err();
+    assert_eq!(e.0, -32001, "a second delete: {e:?}");
+    assert_eq!(ids(&mut api), vec!["busy"]);
+
+    // The same id and socket can be used again, and a safe delete of an idle export works.
+    api.ok(
+        "export_add",
+        json!({"id": "hot", "socket": new_sock, "engine": "null", "size": "1M"}),
+    );
+    api.ok("export_del", json!({"id": "hot", "mode": "safe"}));
+
+    let r = workload.join().unwrap().expect("workload");
+    assert!(r.clean(), "the running export saw errors: {r}");
+    let max = r.latency.max();
+    assert!(
+        max < Duration::from_millis(100),
+        "the running export stalled for {max:?} while exports were added and removed"
+    );
+    assert!(d.stop().success());
+}
+
+#[test]
+fn resize_grows_and_shrinks_and_nothing_reaches_past_the_end() {
+    let dir = TestDir::new();
+    let img = dir.image("disk.img", 8 * MIB, None);
+    let sock = dir.join("disk.sock");
+    let (mut d, mut api) = daemon(&dir, &[Export::file(&sock, &img).direct(false)]);
+
+    let r = api.ok("export_resize", json!({"id": "disk", "size": "16M"}));
+    assert_eq!(r["capacity"], 16 * MIB);
+    assert_eq!(file_len(&img), 16 * MIB);
+    let mut c = Client::connect(&sock, 1).expect("connect");
+    assert_eq!(c.capacity(), 16 * MIB, "a new frontend sees the new size");
+    write_and_verify(&mut c, 15 * MIB, 1024 * 1024, 3);
+
+    // Shrink under a frontend that still believes the old size.
+    let r = api.ok("export_resize", json!({"id": "disk", "size": 4 * MIB}));
+    assert_eq!(r["capacity"], 4 * MIB);
+    assert_eq!(file_len(&img), 4 * MIB);
+    let e = c.read_vec(0, 8 * MIB, 4096).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EIO), "a read past the new end: {e}");
+    let e = c.write(0, 12 * MIB, &[7u8; 4096]).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EIO), "a write past the new end: {e}");
+    assert_eq!(file_len(&img), 4 * MIB, "nothing wrote past the new end");
+    write_and_verify(&mut c, 0, 64 * 1024, 5);
+
+    // Without a size, the export follows its file.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(6 * MIB)
+        .unwrap();
+    let r = api.ok("export_resize", json!({"id": "disk"}));
+    assert_eq!(r["capacity"], 6 * MIB);
+    let e = api
+        .call("export_resize", json!({"id": "disk", "size": 1000}))
+        .unwrap_err();
+    assert!(e.1.contains("'size' is 1000"), "{e:?}");
+    let e = api
+        .call("export_resize", json!({"id": "nope", "size": "1M"}))
+        .unwrap_err();
+    assert_eq!(e.0, -32001);
+    drop(c);
+    assert!(d.stop().success());
+}
+
+#[test]
+fn bad_requests_get_errors_and_the_daemon_keeps_serving() {
+    let dir = TestDir::new();
+    let img = dir.image("keep.img", 4 * MIB, None);
+    let keep = dir.join("keep.sock");
+    let (mut d, mut api) = daemon(&dir, &[Export::file(&keep, &img).direct(false)]);
+    let mut c = Client::connect(&keep, 1).expect("connect");
+
+    let code = |v: &Value| {
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no error: {v}"))
+    };
+    let msg = |v: &Value| v["error"]["message"].as_str().unwrap_or("").to_string();
+
+    let r = api.raw(br#"{"jsonrpc":"2.0","id":1,"method":"export_frobnicate"}"#);
+    assert_eq!(code(&r), -32601);
+    assert!(msg(&r).contains("export_frobnicate"), "{r}");
+    let r = api.raw(b"{\"jsonrpc\": \"2.0\", \"id\": 2, \"method\": ");
+    assert_eq!(code(&r), -32700, "{r}");
+    let r = api.raw(br#"{"jsonrpc":"2.0","id":3,"method":"export_get","params":{"id":7}}"#);
+    assert_eq!(code(&r), -32602);
+    assert!(msg(&r).contains("'id' must be a string"), "{r}");
+    let e = api
+        .call(
+            "export_add",
+            json!({"socket": dir.join("x.sock"), "engine": "null", "size": "1M", "queues": "lots"}),
+        )
+        .unwrap_err();
+    assert!(
+        e.0 == -32602 && e.1.contains("invalid queues=lots"),
+        "{e:?}"
+    );
+    let e = api
+        .call(
+            "export_add",
+            json!({"id": "keep", "socket": dir.join("y.sock"), "engine": "null", "size": "1M"}),
+        )
+        .unwrap_err();
+    assert!(
+        e.0 == -32002 && e.1.contains("id=keep"),
+        "duplicate id: {e:?}"
+    );
+    let e = api
+        .call(
+            "export_add",
+            json!({"id": "other", "socket": keep, "engine": "null", "size": "1M"}),
+        )
+        .unwrap_err();
+    assert!(
+        e.0 == -32002 && e.1.contains("socket="),
+        "duplicate socket: {e:?}"
+    );
+    let missing = dir.join("missing/disk.img");
+    let e = api
+        .call(
+            "export_add",
+            json!({"socket": dir.join("z.sock"), "path": missing}),
+        )
+        .unwrap_err();
+    assert!(
+        e.0 == -32004 && e.1.contains("missing/disk.img"),
+        "unopenable path: {e:?}"
+    );
+    assert!(
+        !dir.join("z.sock").exists(),
+        "a failed add leaves no socket behind"
+    );
+
+    // A megabyte of garbage on one line, then a good request on the same connection.
+    let garbage: Vec<u8> = (0..1 << 20).map(|i| b"#%&x\xff"[i % 5]).collect();
+    let r = api.raw(&garbage);
+    assert_eq!(code(&r), -32700);
+    assert!(msg(&r).contains("longer than"), "{r}");
+    assert_eq!(api.ok("version", json!({}))["name"], "mqblk");
+
+    // Everything above left the daemon and its export serving.
+    assert_eq!(ids(&mut api), vec!["keep"]);
+    write_and_verify(&mut c, 0, 65536, 9);
+    drop(c);
+    assert!(d.stop().success());
+}
+
+#[test]
+fn the_api_socket_is_private() {
+    let dir = TestDir::new();
+    let (mut d, mut api) = daemon(&dir, &[]);
+    let path = dir.join("api.sock");
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the API socket is created 0600");
+    assert_eq!(
+        ids(&mut api),
+        Vec::<String>::new(),
+        "serve starts with no export"
+    );
+
+    // Another user: refused by the file's mode, and, with the mode opened up, by the daemon's
+    // check of the peer's credentials.
+    let as_nobody = |p: &Path| {
+        use std::os::unix::process::CommandExt;
+        Command::new(mqblk_bin())
+            .args(["ctl", "--api-socket"])
+            .arg(p)
+            .arg("version")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("run mqblk ctl as nobody")
+    };
+    // nobody must be able to reach the socket's directory for the second check.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_nobody(&path);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ermission denied"),
+        "{out:?}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&path);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uid 65534 may not manage"), "{err}");
+    assert_eq!(
+        api.ok("version", json!({}))["name"],
+        "mqblk",
+        "the owner still may"
+    );
+
+    // shutdown drains and exits 0, and removes the socket.
+    api.ok("shutdown", json!({}));
+    assert!(d
+        .wait_exit(Duration::from_secs(10))
+        .is_some_and(|s| s.success()));
+    assert!(!path.exists());
+}
+
+#[test]
+fn save_config_writes_what_recreates_the_running_exports() {
+    let dir = TestDir::new();
+    let img = dir.image("a.img", 8 * MIB, None);
+    let (mut d, mut api) = daemon(
+        &dir,
+        &[Export::file(dir.join("a.sock"), &img)
+            .queues(2)
+            .direct(false)],
+    );
+    api.ok("export_add", json!({"id": "scratch", "socket": dir.join("s.sock"), "engine": "mem", "size": "4M", "threads": 1}));
+    api.ok("export_resize", json!({"id": "scratch", "size": "8M"}));
+    let saved = dir.join("saved.toml");
+    api.ok("save_config", json!({"path": saved}));
+    let before: Vec<Value> = api.ok("export_list", json!({})).as_array().unwrap().clone();
+    assert!(d.stop().success());
+
+    let api_path = dir.join("api2.sock");
+    let mut d2 = Daemon::start_args(
+        &dir,
+        &[],
+        &[
+            "--config",
+            saved.to_str().unwrap(),
+            "--api-socket",
+            api_path.to_str().unwrap(),
+        ],
+    );
+    let mut api2 = Api::connect(&api_path);
+    let after: Vec<Value> = api2
+        .ok("export_list", json!({}))
+        .as_array()
+        .unwrap()
+        .clone();
+    let shape = |v: &[Value]| -> Vec<(Value, Value, Value, Value, Value)> {
+        v.iter()
+            .map(|e| {
+                (
+                    e["id"].clone(),
+                    e["socket"].clone(),
+                    e["capacity"].clone(),
+                    e["queues"].clone(),
+                    e["threads"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        shape(&after),
+        shape(&before),
+        "{}",
+        std::fs::read_to_string(&saved).unwrap()
+    );
+    assert!(d2.stop().success());
+}
