@@ -190,30 +190,35 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
     let limited = null_spec(&dir, "lim", 1).set("iops-total", "2000");
     let free = null_spec(&dir, "free", 1);
     let daemon = Daemon::start(&dir, &[limited.clone(), free.clone()]);
-    let alone = |secs| run(&randread(&free.socket, 1, secs)).iops();
-    let before = alone(1.0);
+    // Short runs, several of each, best of each kind: the rate of a short run on a small
+    // machine shared with other work varies by a third, and the best run is the one nothing
+    // else disturbed.
+    let best = |runs: usize| {
+        (0..runs)
+            .map(|_| run(&randread(&free.socket, 1, 0.5)).iops())
+            .fold(0.0, f64::max)
+    };
+    let before = best(2);
     // The limited export's client keeps 32 requests waiting for admission throughout.
     let cpu0 = thread_cpu(daemon.pid(), "mqblk-io0-lim");
     let sock = limited.socket.clone();
-    let busy = std::thread::spawn(move || run(&randread(&sock, 1, 2.0)));
-    std::thread::sleep(Duration::from_millis(250));
-    let beside = alone(1.5);
+    let busy = std::thread::spawn(move || run(&randread(&sock, 1, 2.2)));
+    std::thread::sleep(Duration::from_millis(200));
+    let beside = best(3);
     let lim = busy.join().unwrap();
     let cpu = thread_cpu(daemon.pid(), "mqblk-io0-lim") - cpu0;
-    let after = alone(1.0);
-    // Short runs on a small machine vary by some 20%; a thread spinning beside the unlimited
-    // export's two would cost it a third or more (and shows in the CPU check below).
-    let reference = (before + after) / 2.0;
+    let alone = before.max(best(2));
     eprintln!(
-        "unlimited: {before:.0} IOPS alone, {beside:.0} beside the limited export, \
-         {after:.0} alone again; limited: {:.0} IOPS (limit 2000), its I/O thread used \
-         {cpu:.2} s of CPU in {:?}",
+        "unlimited: {alone:.0} IOPS alone, {beside:.0} beside the limited export; limited: \
+         {:.0} IOPS (limit 2000), its I/O thread used {cpu:.2} s of CPU in {:?}",
         lim.iops(),
         lim.elapsed
     );
+    // A thread spinning beside the unlimited export's two would cost it a third or more (and
+    // shows in the CPU check below).
     assert!(
-        beside >= 0.7 * reference,
-        "the unlimited export fell from {reference:.0} to {beside:.0} IOPS"
+        beside >= 0.75 * alone,
+        "the unlimited export fell from {alone:.0} to {beside:.0} IOPS"
     );
     // 2000 per second, after the bucket's initial tenth of a second's worth.
     let expected = 2000.0 + 200.0 / lim.elapsed.as_secs_f64();
