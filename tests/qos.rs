@@ -187,7 +187,9 @@ fn a_burst_allows_its_extra_for_its_length() {
 fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
     let _serial = serial();
     let dir = TestDir::new();
-    let limited = null_spec(&dir, "lim", 1).set("iops-total", "2000");
+    // A low limit: the limited export's own work (its client and I/O thread, in a debug
+    // build) then takes little of the 2 CPUs the unlimited export's two threads keep busy.
+    let limited = null_spec(&dir, "lim", 1).set("iops-total", "1000");
     let free = null_spec(&dir, "free", 1);
     let daemon = Daemon::start(&dir, &[limited.clone(), free.clone()]);
     // Short runs, several of each, best of each kind: the rate of a short run on a small
@@ -210,18 +212,18 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
     let alone = before.max(best(2));
     eprintln!(
         "unlimited: {alone:.0} IOPS alone, {beside:.0} beside the limited export; limited: \
-         {:.0} IOPS (limit 2000), its I/O thread used {cpu:.2} s of CPU in {:?}",
+         {:.0} IOPS (limit 1000), its I/O thread used {cpu:.2} s of CPU in {:?}",
         lim.iops(),
         lim.elapsed
     );
-    // A thread spinning beside the unlimited export's two would cost it a third or more (and
-    // shows in the CPU check below).
+    // Limits that leaked to it would cost it nearly everything; a thread spinning beside its
+    // two would cost it a third or more (and shows in the CPU check below).
     assert!(
         beside >= 0.75 * alone,
         "the unlimited export fell from {alone:.0} to {beside:.0} IOPS"
     );
-    // 2000 per second, after the bucket's initial tenth of a second's worth.
-    let expected = 2000.0 + 200.0 / lim.elapsed.as_secs_f64();
+    // 1000 per second, after the bucket's initial tenth of a second's worth.
+    let expected = 1000.0 + 100.0 / lim.elapsed.as_secs_f64();
     assert!(within(lim.iops(), expected, 0.05), "{}", lim.iops());
     // Waiting requests cost timer wake-ups, not a spinning thread (which, beside the two
     // busy threads of the unlimited export, would take most of a CPU).
