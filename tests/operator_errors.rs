@@ -212,6 +212,18 @@ fn bad_export_values_are_refused_with_the_key_named() {
             "engine=null,size=1M".into(),
             vec!["socket=PATH is required", "or fd=N"],
         ),
+        (
+            format!("{null},bps-write=1x"),
+            vec!["invalid bps-write=1x", "K/M/G/T"],
+        ),
+        (
+            format!("{null},iops-total=100,iops-read=50"),
+            vec!["invalid iops-read=50", "not together with iops-total"],
+        ),
+        (
+            format!("{null},iops-total-max=500"),
+            vec!["invalid iops-total-max=500", "needs iops-total"],
+        ),
     ];
     for (spec, want) in &cases {
         let line = serve_fails(&export_arg(spec), |_| {});
@@ -263,6 +275,30 @@ fn bad_export_values_are_refused_with_the_key_named() {
             "127.0.0.1:9189",
         ],
         "--metrics localhost",
+    );
+    // Two members of one throttle group with different limits: the second is refused when
+    // it starts, and neither leaves its socket behind.
+    let (ga, gb) = (dir.join("ga.sock"), dir.join("gb.sock"));
+    let mut group = export_arg(&format!(
+        "socket={},engine=null,size=1M,iops-total=100,group=g",
+        ga.display()
+    ));
+    group.extend(export_arg(&format!(
+        "socket={},engine=null,size=1M,iops-total=200,group=g",
+        gb.display()
+    )));
+    let line = serve_fails(&group, |_| {});
+    says(
+        &line,
+        &[
+            "invalid group=g",
+            "the group's limits are iops-total=100, not iops-total=200",
+        ],
+        "one group, two limits",
+    );
+    assert!(
+        !ga.exists() && !gb.exists(),
+        "a refused start left a socket behind"
     );
     let mut lvl = export_arg(&null);
     lvl.extend(["--log-level".to_string(), "chatty".to_string()]);

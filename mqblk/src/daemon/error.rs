@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::config::ConfigError;
 use crate::engine::OpenError;
 
 /// A failure to start serving.
@@ -56,6 +57,9 @@ pub enum Error {
     /// malformed.
     #[error("socket activation (LISTEN_FDS, LISTEN_FDNAMES): {0}")]
     SocketActivation(std::io::Error),
+    /// QoS settings that are invalid, or that conflict with the export's throttle group.
+    #[error(transparent)]
+    Qos(ConfigError),
     /// Signals could not be blocked.
     #[error("cannot block signals: {0}")]
     Signals(std::io::Error),

@@ -9,14 +9,16 @@ use std::thread::JoinHandle;
 
 use super::error::Error;
 use super::listener::{self, ListenerState};
+use super::qos::ExportQos;
 use crate::api::ExportStatus;
-use crate::config::ExportConfig;
+use crate::config::{ExportConfig, QosConfig};
 use crate::engine::{self, Engine};
 use crate::frontend::Device;
 
 /// A running export.
 pub struct Export {
     device: Arc<Device>,
+    qos: ExportQos,
     socket: PathBuf,
     /// Whether this process bound `socket` (and so removes it at shutdown). An inherited
     /// socket belongs to whoever handed it over and outlives this process.
@@ -49,10 +51,22 @@ impl Export {
             readonly = cfg.readonly,
             "export ready"
         );
-        let device = Arc::new(Device::new(cfg, engine).map_err(|err| Error::Thread {
-            what: "I/O threads",
-            err,
-        })?);
+        let qos = cfg.qos.clone();
+        let (device, qos) = ExportQos::start(qos.as_ref(), |throttle| {
+            Device::new(cfg, engine, throttle)
+                .map(Arc::new)
+                .map_err(|err| Error::Thread {
+                    what: "I/O threads",
+                    err,
+                })
+        })
+        .inspect_err(|_| {
+            // Nobody will serve it: a later start may bind it afresh. (An inherited socket
+            // is not ours to remove.)
+            if bound {
+                let _ = std::fs::remove_file(&socket);
+            }
+        })?;
         let state = Arc::new(ListenerState::new().map_err(|err| Error::Thread {
             what: "listener (its wake eventfd)",
             err,
@@ -69,6 +83,7 @@ impl Export {
         };
         Ok(Export {
             device,
+            qos,
             socket,
             bound,
             state,
@@ -79,6 +94,27 @@ impl Export {
     /// The export's device (settings, storage, I/O threads and their counters).
     pub fn device(&self) -> &Arc<Device> {
         &self.device
+    }
+
+    /// The export's settings now: as given, with its QoS as it is now (it may have been changed
+    /// at runtime, or by another member of its throttle group).
+    pub fn config(&self) -> ExportConfig {
+        let mut cfg = self.device.config().clone();
+        cfg.qos = self.qos.current();
+        cfg
+    }
+
+    /// The export's QoS now: its limits (its throttle group's, if in one) and its group.
+    pub fn qos(&self) -> QosConfig {
+        self.qos.config()
+    }
+
+    /// Changes the export's QoS while it runs (the management API's `export_set_qos`): the
+    /// limits take effect within 100 ms; with `group`, the export joins that throttle group,
+    /// and limits given with it become the group's. An invalid setting changes nothing and
+    /// names the offending key.
+    pub fn set_qos(&self, qos: QosConfig) -> Result<(), Error> {
+        self.qos.set(&self.device, &qos)
     }
 
     /// The export as the management API and the metrics report it.
@@ -141,6 +177,7 @@ impl Export {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.qos.leave(&self.device);
         match Arc::try_unwrap(self.device) {
             Ok(mut d) => d.shutdown(),
             Err(_) => tracing::warn!("export still referenced at shutdown"),

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::error::Error;
 use super::export::Export;
 use crate::api::{Control, ControlError, ExportStatus, RemoveMode};
-use crate::config::{EngineKind, ExportConfig};
+use crate::config::{EngineKind, ExportConfig, QosConfig};
 
 /// The daemon's exports.
 #[derive(Default)]
@@ -121,6 +121,7 @@ impl From<Error> for ControlError {
                 ControlError::Conflict(e.to_string())
             }
             Error::InUse(_) => ControlError::Busy(e.to_string()),
+            Error::Qos(_) => ControlError::InvalidParams(e.to_string()),
             other => ControlError::Failed(other.to_string()),
         }
     }
@@ -140,20 +141,25 @@ impl Control for Exports {
     }
 
     fn get(&self, id: &str) -> Result<(ExportConfig, ExportStatus), ControlError> {
-        Ok(self.with(id, |e| (e.device().config().clone(), e.status()))?)
+        Ok(self.with(id, |e| (e.config(), e.status()))?)
     }
 
     fn resize(&self, id: &str, size: Option<u64>) -> Result<ExportStatus, ControlError> {
         Ok(self.with(id, |e| e.resize(size))??)
     }
 
+    fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError> {
+        Ok(self.with(id, |e| e.set_qos(qos).map(|()| e.qos()))??)
+    }
+
     /// The settings that recreate the running exports: as they were given, with the size an
-    /// export has now (after a resize) wherever a size was given or is needed.
+    /// export has now (after a resize) wherever a size was given or is needed, and its QoS as
+    /// it is now.
     fn configs(&self) -> Vec<ExportConfig> {
         self.lock()
             .iter()
             .map(|e| {
-                let mut cfg = e.device().config().clone();
+                let mut cfg = e.config();
                 if cfg.size.is_some() || cfg.engine != EngineKind::Uring {
                     cfg.size = Some(e.device().engine().capacity());
                 }

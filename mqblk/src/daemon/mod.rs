@@ -4,6 +4,7 @@
 //! - [`exports`]: the running exports by id, which the management API drives;
 //! - [`export`]: one export's lifecycle (storage, device, socket, resize);
 //! - [`listener`]: the accept loop and the per-connection message loop;
+//! - [`qos`]: which QoS buckets each export uses, and the throttle groups;
 //! - [`signals`]: blocking and waiting for the stop signals;
 //! - [`stats`]: the `--stats-file` JSON;
 //! - [`error`]: why something could not start.
@@ -15,6 +16,7 @@ pub mod error;
 pub mod export;
 pub mod exports;
 pub mod listener;
+pub mod qos;
 pub mod signals;
 pub mod stats;
 

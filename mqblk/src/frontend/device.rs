@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::blk::{ConfigSpace, Geometry, Limits};
 use crate::config::{ExportConfig, MAX_SERIAL_LEN};
 use crate::engine::{Engine, ResizeError};
-use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, IOV_MAX};
+use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX};
 
 /// Largest discard / write-zeroes, in sectors (512 MiB).
 pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
@@ -22,8 +22,13 @@ pub struct Device {
 }
 
 impl Device {
-    /// The device around an opened engine; starts its I/O threads.
-    pub fn new(cfg: ExportConfig, engine: Arc<dyn Engine>) -> std::io::Result<Device> {
+    /// The device around an opened engine; starts its I/O threads, admitting requests through
+    /// `throttle` if given (the export's QoS buckets, or its group's).
+    pub fn new(
+        cfg: ExportConfig,
+        engine: Arc<dyn Engine>,
+        throttle: Option<Arc<Throttle>>,
+    ) -> std::io::Result<Device> {
         let block_size = engine.block_size();
         let seg_max = (u32::from(cfg.queue_size) - 2).clamp(1, IOV_MAX as u32 - 2);
         let geometry = Geometry {
@@ -58,6 +63,7 @@ impl Device {
                 limits,
                 serial: serial.clone(),
                 tuning: cfg.tuning,
+                throttle: throttle.clone(),
             };
             match io::spawn(tc, engine.clone()) {
                 Ok(h) => threads.push(h),
@@ -146,6 +152,14 @@ impl Device {
     pub fn thread_of(&self, q: usize) -> (&IoThreadHandle, usize) {
         let t = self.cfg.thread_of_queue(q);
         (&self.threads[t], q / self.cfg.num_threads())
+    }
+
+    /// Admits requests through `throttle` from now on (`None`: no limit). Requests waiting
+    /// under the previous buckets ask the new ones.
+    pub fn set_throttle(&self, throttle: Option<Arc<Throttle>>) {
+        for t in &self.threads {
+            t.send(Command::SetThrottle(throttle.clone()));
+        }
     }
 
     /// The I/O threads' counters, summed.

@@ -157,6 +157,10 @@ counters! {
     /// increase over an interval, divided by the interval, is the mean number in flight, i.e.
     /// how full the thread kept the device.
     engine_in_flight_ns,
+    /// Requests that waited for QoS admission (their export's or group's limits).
+    throttled,
+    /// Nanoseconds requests waited for QoS admission, summed over requests.
+    throttled_ns,
     /// Guest notifications that published 1 used entry.
     used_per_notify_1,
     /// Guest notifications that published 2 or 3 used entries.
@@ -169,8 +173,6 @@ counters! {
     used_per_notify_16_31,
     /// Guest notifications that published 32 or more used entries.
     used_per_notify_32_up,
-    /// Time requests waited for QoS admission (nanoseconds).
-    throttled_ns,
     /// Requests answered, by type (index: `blk::ReqType`; GET_ID is counted in `requests`
     /// only).
     op_requests: [u64; ReqType::COUNT],

@@ -19,6 +19,7 @@ use super::rate_limit::RateLimit;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
 use super::stats::{IoCounters, SharedCounters};
+use super::throttle::Throttle;
 use super::vq::Vq;
 use super::{Command, GuestMemory, IoThreadConfig};
 use crate::blk::{Limits, Scratch, Segment};
@@ -77,6 +78,14 @@ pub(super) struct IoThread {
     /// When this loop iteration began, in nanoseconds since `epoch`: the one clock reading
     /// per iteration that the in-flight integral and every request's latency use.
     pub(super) now_ns: u64,
+    /// QoS buckets (shared with the export's other threads, or its group's); `None`: no
+    /// limit, and requests skip admission.
+    pub(super) throttle: Option<Arc<Throttle>>,
+    /// Waiting requests should ask their buckets again (a timer fired, the limits or the
+    /// queue's state changed).
+    pub(super) admission_due: bool,
+    /// When the earliest QoS timer armed and not yet fired ends.
+    pub(super) qos_timer: Option<Instant>,
     /// Capacity changes waiting for the requests in flight before them to complete.
     pub(super) capacity_barrier: Vec<CapacityBarrier>,
 }
@@ -130,6 +139,9 @@ impl IoThread {
             engine_in_flight: 0,
             epoch: Instant::now(),
             now_ns: 0,
+            throttle: cfg.throttle,
+            admission_due: false,
+            qos_timer: None,
             capacity_barrier: Vec::new(),
         };
         t.arm_control();
@@ -144,6 +156,9 @@ impl IoThread {
         loop {
             self.tick();
             self.reap();
+            if self.admission_due {
+                self.admit_waiting();
+            }
             self.gather();
             self.start_staged();
             self.finish_stops();
@@ -229,6 +244,7 @@ impl IoThread {
                         }
                     }
                 }
+                Token::QosTimer => self.on_qos_timer(),
                 Token::Ignore => {}
             }
         }
@@ -289,7 +305,7 @@ impl IoThread {
         }
     }
 
-    /// Whether any serving queue has avail entries not yet popped.
+    /// Whether any queue that takes requests now has avail entries not yet popped.
     pub(super) fn any_avail(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;
@@ -301,7 +317,8 @@ impl IoThread {
         found
     }
 
-    /// Re-enables guest notifications on every serving queue; true if work arrived meanwhile.
+    /// Re-enables guest notifications on every serving queue whose requests do not wait for
+    /// admission; true if work arrived meanwhile.
     fn enable_notifications(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;
