@@ -19,6 +19,7 @@ Methods and their parameters (key=value):
   export_get     id=NAME
   export_stats   [id=NAME]
   export_resize  id=NAME [size=BYTES]       without size: re-read the file or device
+  export_set_qos id=NAME [iops-total=N ...] the export's limits from now on (none: no limit)
   save_config    path=FILE.toml
   version
   shutdown

@@ -1,5 +1,6 @@
 //! The `mqblk` command line.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -45,6 +46,11 @@ enum Cmd {
         /// `export_add`.
         #[arg(long, value_name = "PATH")]
         api_socket: Option<PathBuf>,
+        /// Serve Prometheus metrics over HTTP at http://ADDR:PORT/metrics (off by default;
+        /// e.g. 127.0.0.1:9189: nothing authenticates the endpoint, keep it on loopback or a
+        /// trusted network).
+        #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
+        metrics: Option<SocketAddr>,
     },
     /// Talk to a running daemon's management API: prints the reply as JSON.
     #[command(after_help = ctl::HELP)]
@@ -122,6 +128,15 @@ fn load_exports(
     Ok((exports, level))
 }
 
+/// `--metrics`: an IP address and a port.
+fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{s} is not an IP address and port: give ADDR:PORT, e.g. 127.0.0.1:9189 or [::1]:9189"
+        )
+    })
+}
+
 fn serve(
     exports: &[String],
     config: Option<&PathBuf>,
@@ -130,7 +145,7 @@ fn serve(
 ) -> anyhow::Result<()> {
     let (exports, file_level) = load_exports(exports, config, opts.api_socket.is_some())?;
     init_logging(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
-    mqblk::daemon::serve(exports, opts)?;
+    mqblk::daemon::serve(exports, &opts)?;
     Ok(())
 }
 
@@ -184,6 +199,7 @@ fn main() -> ExitCode {
             log_level,
             stats_file,
             api_socket,
+            metrics,
         } => serve(
             &exports,
             config.as_ref(),
@@ -191,6 +207,7 @@ fn main() -> ExitCode {
             ServeOptions {
                 stats_file,
                 api_socket,
+                metrics,
             },
         ),
         Cmd::Ctl(args) => ctl::run(&args),

@@ -350,3 +350,59 @@ fn save_config_writes_what_recreates_the_running_exports() {
     );
     assert!(d2.stop().success());
 }
+
+#[test]
+fn export_set_qos_limits_a_running_export_and_lifts_the_limit() {
+    let dir = TestDir::new();
+    let sock = dir.join("q.sock");
+    let (mut d, mut api) = daemon(&dir, &[]);
+    api.ok(
+        "export_add",
+        json!({"socket": sock, "engine": "null", "size": "64M", "queues": 2}),
+    );
+    let rate = || {
+        let mut w = Workload::new(&sock);
+        w.num_queues = 2;
+        w.jobs = 2;
+        w.iodepth = 16;
+        w.pattern = Pattern::RandRead;
+        w.runtime = Some(Duration::from_millis(1500));
+        let r = mqblk_client::run(&w).expect("workload");
+        assert!(r.clean(), "{r}");
+        r.iops()
+    };
+    let r = api.ok("export_set_qos", json!({"id": "q", "iops-total": 1000}));
+    assert_eq!(r["qos"]["iops-total"], "1000", "{r}");
+    let limited = rate();
+    assert!(
+        (800.0..1250.0).contains(&limited),
+        "limited to 1000 IOPS, ran at {limited:.0}"
+    );
+    let got = api.ok("export_get", json!({"id": "q"}));
+    assert_eq!(got["config"]["iops-total"], "1000", "{got}");
+
+    let e = api
+        .call(
+            "export_set_qos",
+            json!({"id": "q", "iops-total": 100, "iops-read": 50}),
+        )
+        .unwrap_err();
+    assert!(e.0 == -32602 && e.1.contains("iops-read"), "{e:?}");
+    let e = api
+        .call("export_set_qos", json!({"id": "q", "queues": 4}))
+        .unwrap_err();
+    assert!(
+        e.0 == -32602 && e.1.contains("'queues' is not a QoS key"),
+        "{e:?}"
+    );
+    let e = api
+        .call("export_set_qos", json!({"id": "nope"}))
+        .unwrap_err();
+    assert_eq!(e.0, -32001);
+
+    let r = api.ok("export_set_qos", json!({"id": "q"}));
+    assert_eq!(r["qos"], json!({}), "no key: no limit ({r})");
+    let free = rate();
+    assert!(free > 5000.0, "the limit was lifted, yet {free:.0} IOPS");
+    assert!(d.stop().success());
+}

@@ -200,6 +200,30 @@ fn bad_export_values_are_refused_with_the_key_named() {
             format!("{base},merge=2"),
             vec!["invalid merge=2", "on or off"],
         ),
+        (
+            "fd=three,engine=null,size=1M".into(),
+            vec!["invalid fd=three", "file descriptor number"],
+        ),
+        (
+            format!("{null},fd=3"),
+            vec!["socket= and fd= exclude each other"],
+        ),
+        (
+            "engine=null,size=1M".into(),
+            vec!["socket=PATH is required", "or fd=N"],
+        ),
+        (
+            format!("{null},bps-write=1x"),
+            vec!["invalid bps-write=1x", "K/M/G/T"],
+        ),
+        (
+            format!("{null},iops-total=100,iops-read=50"),
+            vec!["invalid iops-read=50", "not together with iops-total"],
+        ),
+        (
+            format!("{null},iops-total-max=500"),
+            vec!["invalid iops-total-max=500", "needs iops-total"],
+        ),
     ];
     for (spec, want) in &cases {
         let line = serve_fails(&export_arg(spec), |_| {});
@@ -220,6 +244,61 @@ fn bad_export_values_are_refused_with_the_key_named() {
         &line,
         &["two exports use socket=", "its own socket"],
         "same socket twice",
+    );
+    let mut two_fds = export_arg("fd=3,id=a,engine=null,size=1M");
+    two_fds.extend(export_arg("fd=3,id=b,engine=null,size=1M"));
+    let line = serve_fails(&two_fds, |_| {});
+    says(&line, &["two exports use fd=3"], "same fd twice");
+    // The metrics port is taken before any export starts: nothing is left behind.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let mut metrics = export_arg(&null);
+    metrics.extend(["--metrics".to_string(), addr.clone()]);
+    let line = serve_fails(&metrics, |_| {});
+    says(
+        &line,
+        &[&format!("cannot serve metrics on {addr}"), "in use"],
+        "--metrics on a busy port",
+    );
+    // clap refuses a malformed address itself (usage error, exit code 2).
+    let out = Command::new(mqblk_bin())
+        .args(["serve", "--export", &null, "--metrics", "localhost"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    says(
+        &stderr,
+        &[
+            "--metrics",
+            "localhost is not an IP address and port",
+            "127.0.0.1:9189",
+        ],
+        "--metrics localhost",
+    );
+    // Two members of one throttle group with different limits: the second is refused when
+    // it starts, and neither leaves its socket behind.
+    let (ga, gb) = (dir.join("ga.sock"), dir.join("gb.sock"));
+    let mut group = export_arg(&format!(
+        "socket={},engine=null,size=1M,iops-total=100,group=g",
+        ga.display()
+    ));
+    group.extend(export_arg(&format!(
+        "socket={},engine=null,size=1M,iops-total=200,group=g",
+        gb.display()
+    )));
+    let line = serve_fails(&group, |_| {});
+    says(
+        &line,
+        &[
+            "invalid group=g",
+            "the group's limits are iops-total=100, not iops-total=200",
+        ],
+        "one group, two limits",
+    );
+    assert!(
+        !ga.exists() && !gb.exists(),
+        "a refused start left a socket behind"
     );
     let mut lvl = export_arg(&null);
     lvl.extend(["--log-level".to_string(), "chatty".to_string()]);

@@ -327,8 +327,6 @@ impl Daemon {
 
     /// [`Daemon::start`] with extra arguments for `mqblk serve` (ignored with QSD).
     pub fn start_args(dir: &TestDir, exports: &[Export], args: &[&str]) -> Self {
-        let log = dir.join("daemon.log");
-        let logf = File::create(&log).expect("creating daemon log");
         let mut cmd;
         if use_qsd() {
             cmd = Command::new("qemu-storage-daemon");
@@ -342,6 +340,19 @@ impl Daemon {
                 cmd.arg("--export").arg(e.spec());
             }
             cmd.args(args);
+        }
+        let sockets: Vec<&Path> = exports.iter().map(|e| e.socket.as_path()).collect();
+        let mut d = Self::spawn(dir, cmd, &sockets);
+        d.exports = exports.to_vec();
+        d
+    }
+
+    /// Runs `cmd` (a daemon command line built by the test, e.g. with inherited descriptors)
+    /// as a [`Daemon`] logging to `dir/daemon.log`, and waits until each of `sockets` listens.
+    pub fn spawn(dir: &TestDir, mut cmd: Command, sockets: &[&Path]) -> Self {
+        let log = dir.join("daemon.log");
+        let logf = File::create(&log).expect("creating daemon log");
+        if !use_qsd() {
             if let Ok(level) = std::env::var("MQBLK_TEST_LOG_LEVEL") {
                 cmd.arg("--log-level").arg(level);
             }
@@ -370,10 +381,10 @@ impl Daemon {
             child: Some(child),
             log,
             watchdog: Some((tx, watchdog)),
-            exports: exports.to_vec(),
+            exports: Vec::new(),
         };
-        for e in exports {
-            d.wait_listening(&e.socket);
+        for socket in sockets {
+            d.wait_listening(socket);
         }
         d
     }
@@ -519,7 +530,7 @@ pub fn fd_count(pid: u32) -> usize {
 
 /// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).
 /// Checked instead of connecting so that the daemon never sees a stray connection.
-fn is_listening(path: &Path) -> bool {
+pub fn is_listening(path: &Path) -> bool {
     let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
         return true; // cannot tell; the file exists
     };

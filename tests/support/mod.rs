@@ -11,6 +11,7 @@
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`rng`]: a seeded generator for randomized tests.
+//! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 #![allow(dead_code)]
 
 pub mod api;
@@ -21,3 +22,4 @@ pub mod proc;
 pub mod qemu;
 pub mod qmp;
 pub mod rng;
+pub mod systemd;

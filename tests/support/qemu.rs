@@ -12,7 +12,7 @@ use super::proc::{tool_version, Proc};
 
 /// Appended to "missing" and "cannot start" messages.
 pub const SETUP_HINT: &str = "run `bash .ci/setup` from the repository root to install QEMU, \
-    busybox-static, fio and the guest kernel";
+    busybox-static, fio, prometheus (promtool) and the guest kernel";
 
 /// Prefix of the guest's report lines on its console.
 pub const MARK: &str = "MQBLK-GUEST: ";

@@ -2,7 +2,7 @@
 //! JSON-RPC server ([`super::rpc`]) only turns requests into these calls and their results
 //! into replies.
 
-use crate::config::ExportConfig;
+use crate::config::{ExportConfig, QosConfig};
 
 use super::ExportStatus;
 
@@ -62,6 +62,9 @@ pub trait Control: Send + Sync {
     /// Resizes an export to `size` bytes, or to what its backing store now holds, and tells its
     /// frontend.
     fn resize(&self, id: &str, size: Option<u64>) -> Result<ExportStatus, ControlError>;
+    /// Replaces an export's QoS settings while it runs (all limits given; none given lifts
+    /// them); returns the QoS now in force.
+    fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError>;
     /// Every export's settings, in the order they were added.
     fn configs(&self) -> Vec<ExportConfig>;
     /// Asks the daemon to drain every export and exit.

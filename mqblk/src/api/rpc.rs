@@ -8,6 +8,8 @@
 //! - `export_list {}`, `export_get {id}`, `export_stats {id?}`;
 //! - `export_resize {id, size?}`: `size` in bytes (a number, or a string with a K/M/G/T
 //!   suffix); without it, the backing file or device is measured again;
+//! - `export_set_qos {id, ...QoS keys}`: replaces the export's limits (none: no limit) or
+//!   moves it into a throttle group (`group`);
 //! - `save_config {path}`: writes the TOML that recreates the running exports;
 //! - `version {}`, `shutdown {}`.
 //!
@@ -26,7 +28,7 @@ use std::thread::JoinHandle;
 use serde_json::{json, Map, Value};
 
 use super::control::{Control, ControlError, RemoveMode};
-use crate::config::{keys, parse_size, ExportConfig};
+use crate::config::{keys, parse_size, qos_from_pairs, ExportConfig, QosConfig};
 
 /// Longest request line accepted; a longer one is answered with a parse error and skipped.
 pub const MAX_REQUEST: usize = 64 * 1024;
@@ -365,6 +367,19 @@ fn key_value(name: &str, v: &Value) -> Result<String, RpcError> {
     }
 }
 
+/// QoS settings as the keys that set them.
+fn qos_pairs(qos: &QosConfig) -> Map<String, Value> {
+    let cfg = ExportConfig {
+        qos: Some(qos.clone()),
+        ..ExportConfig::default()
+    };
+    keys::pairs(&cfg)
+        .into_iter()
+        .filter(|(k, _)| crate::config::qos::is_qos_key(k))
+        .map(|(k, v)| (k.to_string(), Value::String(v)))
+        .collect()
+}
+
 fn call(
     method: &str,
     params: Map<String, Value>,
@@ -437,6 +452,16 @@ fn call(
             };
             Ok(json!(control.resize(&id, size).map_err(control_error)?))
         }
+        "export_set_qos" => {
+            let id = required(&params, "id")?;
+            let mut pairs = Vec::new();
+            for (k, v) in params.iter().filter(|(k, _)| k.as_str() != "id") {
+                pairs.push((k.as_str(), key_value(k, v)?));
+            }
+            let qos = qos_from_pairs(pairs).map_err(|e| invalid(e.to_string()))?;
+            let now = control.set_qos(&id, qos).map_err(control_error)?;
+            Ok(json!({"id": id, "qos": qos_pairs(&now)}))
+        }
         "save_config" => {
             only(&params, method, &["path"])?;
             let path = PathBuf::from(required(&params, "path")?);
@@ -456,7 +481,7 @@ fn call(
         }
         other => Err((
             METHOD_NOT_FOUND,
-            format!("no method '{other}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, save_config, version, shutdown)"),
+            format!("no method '{other}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, export_set_qos, save_config, version, shutdown)"),
         )),
     }
 }
@@ -505,6 +530,7 @@ mod tests {
             readonly: cfg.readonly,
             connected: false,
             connections: 0,
+            in_flight: 0,
             counters: Default::default(),
             per_thread: Vec::new(),
         }
@@ -541,6 +567,9 @@ mod tests {
         }
         fn resize(&self, id: &str, _size: Option<u64>) -> Result<ExportStatus, ControlError> {
             self.get(id).map(|(_, s)| s)
+        }
+        fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError> {
+            self.get(id).map(|_| qos)
         }
         fn configs(&self) -> Vec<ExportConfig> {
             self.added.lock().unwrap().clone()

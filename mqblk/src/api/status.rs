@@ -11,7 +11,7 @@ use crate::io::IoCounters;
 pub struct ExportStatus {
     /// The export's id.
     pub id: String,
-    /// Its vhost-user socket.
+    /// Its vhost-user socket (for an inherited one, the path it is bound to; empty if none).
     pub socket: PathBuf,
     /// Storage engine (`uring`, `mem`, `null`).
     pub engine: String,
@@ -29,6 +29,8 @@ pub struct ExportStatus {
     pub connected: bool,
     /// Frontends that have connected since the export started.
     pub connections: u64,
+    /// Requests in flight at the engine now.
+    pub in_flight: u64,
     /// The I/O threads' counters, summed.
     pub counters: IoCounters,
     /// Each I/O thread's counters.

@@ -6,4 +6,4 @@ pub mod config_space;
 pub mod request;
 
 pub use config_space::{ConfigSpace, Geometry, CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
-pub use request::{parse, Kind, Limits, Rejected, Request, Scratch, Segment, Status};
+pub use request::{parse, Kind, Limits, Rejected, ReqType, Request, Scratch, Segment, Status};

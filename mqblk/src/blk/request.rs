@@ -59,6 +59,73 @@ pub enum Kind {
     },
 }
 
+impl Kind {
+    /// The request type the counters keep apart; `None` for GET_ID, which is counted only in
+    /// the totals.
+    pub fn req_type(self) -> Option<ReqType> {
+        match self {
+            Kind::Read => Some(ReqType::Read),
+            Kind::Write => Some(ReqType::Write),
+            Kind::Flush => Some(ReqType::Flush),
+            Kind::Discard => Some(ReqType::Discard),
+            Kind::WriteZeroes { .. } => Some(ReqType::WriteZeroes),
+            Kind::GetId => None,
+        }
+    }
+}
+
+/// The request types that carry data or change it: what the per-type counters and metrics
+/// keep apart (the discriminant is the counters' array index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReqType {
+    /// VIRTIO_BLK_T_IN
+    Read,
+    /// VIRTIO_BLK_T_OUT
+    Write,
+    /// VIRTIO_BLK_T_FLUSH
+    Flush,
+    /// VIRTIO_BLK_T_DISCARD
+    Discard,
+    /// VIRTIO_BLK_T_WRITE_ZEROES
+    WriteZeroes,
+}
+
+impl ReqType {
+    /// How many there are.
+    pub const COUNT: usize = 5;
+    /// Every type, in index order.
+    pub const ALL: [ReqType; ReqType::COUNT] = [
+        ReqType::Read,
+        ReqType::Write,
+        ReqType::Flush,
+        ReqType::Discard,
+        ReqType::WriteZeroes,
+    ];
+
+    /// The name the metrics use (the `op` label).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReqType::Read => "read",
+            ReqType::Write => "write",
+            ReqType::Flush => "flush",
+            ReqType::Discard => "discard",
+            ReqType::WriteZeroes => "write_zeroes",
+        }
+    }
+
+    /// The type a request header names, if it is one of these.
+    pub fn from_header(req_type: u32) -> Option<ReqType> {
+        match req_type {
+            VIRTIO_BLK_T_IN => Some(ReqType::Read),
+            VIRTIO_BLK_T_OUT => Some(ReqType::Write),
+            VIRTIO_BLK_T_FLUSH => Some(ReqType::Flush),
+            VIRTIO_BLK_T_DISCARD => Some(ReqType::Discard),
+            VIRTIO_BLK_T_WRITE_ZEROES => Some(ReqType::WriteZeroes),
+            _ => None,
+        }
+    }
+}
+
 /// One guest data buffer of a request, in guest-physical terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
@@ -162,6 +229,9 @@ pub struct Rejected {
     pub status_addr: Option<GuestAddress>,
     /// IOERR or UNSUPP.
     pub status: Status,
+    /// The request's type, when its header could be read and names one of [`ReqType`]; the
+    /// counters book the refusal as an error of that type.
+    pub req_type: Option<ReqType>,
 }
 
 /// What the device advertised, against which requests are checked.
@@ -207,6 +277,7 @@ fn reject(reason: Reason, status_addr: Option<GuestAddress>, status: Status) -> 
         reason,
         status_addr,
         status,
+        req_type: None,
     }
 }
 
@@ -340,7 +411,8 @@ where
         }
     };
 
-    match req_type {
+    // Everything refused from here on is refused as a request of its type.
+    let mut typed = || match req_type {
         VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT => {
             let is_write = req_type == VIRTIO_BLK_T_OUT;
             if (is_write && any_write) || (!is_write && any_read) {
@@ -419,7 +491,11 @@ where
             Ok(request(kind, dsector, len))
         }
         _ => Err(reject(Reason::UnsupportedType, st, Status::Unsupp)),
-    }
+    };
+    typed().map_err(|r| Rejected {
+        req_type: ReqType::from_header(req_type),
+        ..r
+    })
 }
 
 #[cfg(test)]
@@ -568,6 +644,7 @@ mod tests {
                 "sector {sector}"
             );
             assert_eq!(e.status_addr, Some(GuestAddress(0x3000)));
+            assert_eq!(e.req_type, Some(ReqType::Read), "booked as a read");
         }
     }
 
@@ -590,6 +667,7 @@ mod tests {
         };
         let e = rejected(run(&m, &l, c));
         assert_eq!((e.reason, e.status), (Reason::ReadOnly, Status::IoErr));
+        assert_eq!(e.req_type, Some(ReqType::Write));
         // Reads and flushes still work on a read-only export.
         let (m, c) = three(VIRTIO_BLK_T_IN, 0, 512, true);
         assert!(run(&m, &l, c).is_ok());
@@ -612,6 +690,21 @@ mod tests {
     }
 
     #[test]
+    fn req_types_index_the_counters_in_order() {
+        for (i, t) in ReqType::ALL.iter().enumerate() {
+            assert_eq!(*t as usize, i, "{t:?}");
+        }
+        let names: Vec<_> = ReqType::ALL.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["read", "write", "flush", "discard", "write_zeroes"]);
+        assert_eq!(
+            ReqType::from_header(VIRTIO_BLK_T_WRITE_ZEROES),
+            Kind::WriteZeroes { unmap: true }.req_type()
+        );
+        assert_eq!(ReqType::from_header(VIRTIO_BLK_T_GET_ID), None);
+        assert_eq!(Kind::GetId.req_type(), None);
+    }
+
+    #[test]
     fn unknown_type_is_unsupp() {
         for t in [2u32, 3, 5, 14, 15, 16, 0xdead_beef] {
             let (m, c) = three(t, 0, 512, true);
@@ -621,6 +714,7 @@ mod tests {
                 (Reason::UnsupportedType, Status::Unsupp),
                 "type {t}"
             );
+            assert_eq!(e.req_type, None, "type {t} is none of the counted types");
         }
     }
 
@@ -734,6 +828,7 @@ mod tests {
         assert_eq!((e.reason, e.status_addr), (Reason::NoStatus, None));
         let e = rejected(run(&m, &limits(), vec![]));
         assert_eq!((e.reason, e.status_addr), (Reason::EmptyChain, None));
+        assert_eq!(e.req_type, None, "no header read, no type");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use super::qos::{QosConfig, MAX_BURST_LENGTH, MAX_RATE};
 use super::tuning::PollMode;
 use super::values::{parse_bool, parse_cpu_list, parse_size};
 use super::{EngineKind, ExportConfig, Threads, MAX_QUEUES, MAX_SERIAL_LEN};
@@ -59,19 +60,38 @@ fn int(v: &str, lo: u64, hi: u64) -> Option<u64> {
     v.parse::<u64>().ok().filter(|n| (lo..=hi).contains(n))
 }
 
+/// An id or group name: 1 to 64 letters, digits, '-', '_' or '.'.
+fn valid_name(v: &str) -> bool {
+    (1..=64).contains(&v.len())
+        && v.chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+}
+
+/// The export's QoS settings, created by its first QoS key.
+fn qos(c: &mut ExportConfig) -> &mut QosConfig {
+    c.qos.get_or_insert_with(QosConfig::default)
+}
+
+/// A byte rate: a size with optional suffix, at most [`MAX_RATE`].
+fn bytes_rate(v: &str) -> Option<u64> {
+    parse_size(v).filter(|n| *n <= MAX_RATE)
+}
+
 const ON_OFF: &str = "on or off";
+const IOPS: &str = "an integer from 0 to 1000000000000000 (requests per second; 0: no limit)";
+const BPS: &str =
+    "bytes per second from 0 to 1000000000000000, with optional K/M/G/T suffix (0: no limit)";
+const SECONDS: &str = "an integer from 1 to 1000000000 (seconds)";
 
 /// Every export key, in the order the help and the README list them.
 pub const KEYS: &[Key] = &[
     Key {
         name: "id",
         value: "NAME",
-        help: "the export's name in the management API, the stats and the metrics (default: the socket's file name without its extension)",
+        help: "the export's name in the management API, the stats and the metrics, and the `FileDescriptorName=` of its socket under systemd socket activation (default: the socket's file name without its extension)",
         allowed: "1 to 64 letters, digits, '-', '_' or '.'",
         apply: |c, v| {
-            let ok = (1..=64).contains(&v.len())
-                && v.chars().all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch));
-            c.id = Some(v.to_string()).filter(|_| ok)?;
+            c.id = Some(v.to_string()).filter(|_| valid_name(v))?;
             Some(())
         },
         show: |c| Some(c.id.clone()),
@@ -79,13 +99,24 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "socket",
         value: "PATH",
-        help: "vhost-user unix socket to listen on (required)",
+        help: "vhost-user unix socket to listen on (this or `fd=` is required)",
         allowed: "a path",
         apply: |c, v| {
             c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
             Some(())
         },
-        show: |c| Some(c.socket.display().to_string()),
+        show: |c| Some(c.socket.display().to_string()).filter(|s| !s.is_empty()),
+    },
+    Key {
+        name: "fd",
+        value: "N",
+        help: "serve the listening unix socket inherited as file descriptor N instead of binding a path (like qemu-storage-daemon's `addr.type=fd`); it is left open, never unlinked, at exit (default id: `fd-N`)",
+        allowed: "a file descriptor number from 0 to 2147483647",
+        apply: |c, v| {
+            c.fd = Some(int(v, 0, i32::MAX as u64)? as i32);
+            Some(())
+        },
+        show: |c| c.fd.map(|n| n.to_string()),
     },
     Key {
         name: "path",
@@ -310,6 +341,226 @@ pub const KEYS: &[Key] = &[
         },
         show: |c| Some(on_off(c.tuning.submit_early)),
     },
+    Key {
+        name: "iops-total",
+        value: "N",
+        help: "QoS: an average of at most N requests per second, reads and writes together (QEMU's throttling; default 0: no limit)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_total.rate = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-total-max",
+        value: "N",
+        help: "QoS: burst rate of `iops-total`, in requests per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_total.max = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-total-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `iops-total-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).iops_total.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_total.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-read",
+        value: "N",
+        help: "QoS: an average of at most N read requests per second (QEMU's throttling; default 0: no limit)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_read.rate = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-read-max",
+        value: "N",
+        help: "QoS: burst rate of `iops-read`, in requests per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_read.max = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-read-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `iops-read-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).iops_read.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_read.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-write",
+        value: "N",
+        help: "QoS: an average of at most N write requests per second, write-zeroes included (QEMU's throttling; default 0: no limit)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_write.rate = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-write-max",
+        value: "N",
+        help: "QoS: burst rate of `iops-write`, in requests per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: IOPS,
+        apply: |c, v| {
+            qos(c).iops_write.max = int(v, 0, MAX_RATE)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-write-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `iops-write-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).iops_write.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_write.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-total",
+        value: "BYTES",
+        help: "QoS: an average of at most BYTES per second read and written together, K/M/G/T suffixes (QEMU's throttling; default 0: no limit)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_total.rate = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-total-max",
+        value: "BYTES",
+        help: "QoS: burst rate of `bps-total`, in bytes per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_total.max = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-total-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `bps-total-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).bps_total.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_total.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-read",
+        value: "BYTES",
+        help: "QoS: an average of at most BYTES read per second, K/M/G/T suffixes (QEMU's throttling; default 0: no limit)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_read.rate = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-read-max",
+        value: "BYTES",
+        help: "QoS: burst rate of `bps-read`, in bytes per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_read.max = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-read-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `bps-read-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).bps_read.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_read.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-write",
+        value: "BYTES",
+        help: "QoS: an average of at most BYTES written per second, write-zeroes included, K/M/G/T suffixes (QEMU's throttling; default 0: no limit)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_write.rate = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.rate).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-write-max",
+        value: "BYTES",
+        help: "QoS: burst rate of `bps-write`, in bytes per second (default: none, which lets a tenth of a second's worth come at once)",
+        allowed: BPS,
+        apply: |c, v| {
+            qos(c).bps_write.max = bytes_rate(v)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.max).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "bps-write-max-length",
+        value: "SECONDS",
+        help: "QoS: how many seconds a burst at `bps-write-max` may last (default 1, at which the burst may come at once)",
+        allowed: SECONDS,
+        apply: |c, v| {
+            qos(c).bps_write.max_length = int(v, 1, MAX_BURST_LENGTH)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.bps_write.max_length).filter(|&n| n > 1).map(|n| n.to_string()),
+    },
+    Key {
+        name: "iops-size",
+        value: "BYTES",
+        help: "QoS: a request larger than BYTES counts as its size / BYTES requests in the iops limits (default 0: every request counts as one)",
+        allowed: "a number of bytes up to 1G, with optional K/M/G suffix (0: every request counts as one)",
+        apply: |c, v| {
+            qos(c).iops_size = parse_size(v).filter(|n| *n <= 1 << 30)?;
+            Some(())
+        },
+        show: |c| c.qos.as_ref().map(|q| q.iops_size).filter(|&n| n > 0).map(|n| n.to_string()),
+    },
+    Key {
+        name: "group",
+        value: "NAME",
+        help: "QoS: share the limits, and the budget they allow, with every export of the same throttle group (the exports give the same limits, or only one gives them; default: none)",
+        allowed: "1 to 64 letters, digits, '-', '_' or '.'",
+        apply: |c, v| {
+            qos(c).group = Some(Some(v.to_string()).filter(|_| valid_name(v))?);
+            Some(())
+        },
+        show: |c| c.qos.as_ref().and_then(|q| q.group.clone()),
+    },
 ];
 
 /// The key called `name`.
@@ -383,6 +634,8 @@ mod tests {
             "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,queue-size=256,id=disk-1",
             "socket=/run/b.sock,engine=null,size=1G",
             "socket=/run/c.sock,engine=mem,size=64M,threads=per-queue",
+            "socket=/run/d.sock,engine=null,size=1G,iops-read=100,iops-read-max=1000,iops-read-max-length=60,iops-write=50,iops-write-max=60,bps-total=1048576,bps-total-max=2097152,bps-total-max-length=3,iops-size=4096,group=g",
+            "socket=/run/e.sock,engine=null,size=1G,iops-total=5,iops-total-max=6,iops-total-max-length=2,bps-read=7,bps-read-max=8,bps-read-max-length=9,bps-write=10,bps-write-max=11,bps-write-max-length=12",
         ] {
             let cfg = super::super::parse_export_spec(spec).unwrap();
             let again = ExportConfig::from_pairs(pairs(&cfg)).unwrap();

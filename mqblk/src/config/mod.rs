@@ -5,6 +5,7 @@
 //! read these messages.
 
 pub mod keys;
+pub mod qos;
 pub mod tuning;
 pub mod values;
 
@@ -13,6 +14,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use thiserror::Error;
 
+pub use qos::QosConfig;
 pub use tuning::{PollMode, Tuning};
 pub use values::{parse_bool, parse_cpu_list, parse_size};
 
@@ -32,6 +34,9 @@ pub enum ConfigError {
     /// An unknown key in a TOML `[[export]]` table (in the words serde uses for TOML).
     #[error("unknown field `{0}`, expected one of {names}", names = keys::names())]
     UnknownField(String),
+    /// A key that is not a QoS key where only QoS keys may be given.
+    #[error("'{0}' is not a QoS key (they are iops-total, iops-read, iops-write, bps-total, bps-read, bps-write, each with -max and -max-length, iops-size and group)")]
+    NotQos(String),
     /// A key given without `=value`.
     #[error("'{0}' has no value: write {0}=VALUE")]
     MissingValue(String),
@@ -41,6 +46,9 @@ pub enum ConfigError {
     /// A required key is absent.
     #[error("{0}")]
     Required(&'static str),
+    /// Two keys that exclude each other.
+    #[error("{0}")]
+    Exclusive(&'static str),
     /// A value out of its allowed set.
     #[error("invalid {key}={value}: {allowed}")]
     Invalid {
@@ -50,6 +58,16 @@ pub enum ConfigError {
         value: String,
         /// What is allowed.
         allowed: &'static str,
+    },
+    /// A value that contradicts another key's (`why` names that key).
+    #[error("invalid {key}={value}: {why}")]
+    Conflict {
+        /// The key.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What it conflicts with and what is allowed.
+        why: String,
     },
     /// The TOML file could not be read as TOML.
     #[error("{0}")]
@@ -68,6 +86,9 @@ pub enum ConfigError {
     /// Two exports on one socket.
     #[error("two exports use socket={0}: each export needs its own socket")]
     SharedSocket(String),
+    /// Two exports on one inherited descriptor.
+    #[error("two exports use fd={0}: each export needs its own listening socket")]
+    SharedFd(i32),
     /// Two exports with one id.
     #[error(
         "two exports have id={0}: give each export its own id= (by default the socket's file name)"
@@ -102,8 +123,11 @@ pub enum Threads {
 pub struct ExportConfig {
     /// The export's name (API, stats, metrics); derived from the socket when not given.
     pub id: String,
-    /// The vhost-user unix socket to listen on.
+    /// The vhost-user unix socket to listen on; empty when the export is given `fd`.
     pub socket: PathBuf,
+    /// A listening unix socket inherited as this file descriptor, served instead of binding
+    /// `socket`.
+    pub fd: Option<i32>,
     /// Backing file or block device (uring engine).
     pub path: Option<PathBuf>,
     /// Storage engine.
@@ -126,6 +150,8 @@ pub struct ExportConfig {
     pub serial: String,
     /// Polling, batch-wait and merging settings.
     pub tuning: Tuning,
+    /// QoS limits and throttle group; `None` when no QoS key is given.
+    pub qos: Option<QosConfig>,
 }
 
 impl Default for ExportConfig {
@@ -134,6 +160,7 @@ impl Default for ExportConfig {
         ExportConfig {
             id: String::new(),
             socket: PathBuf::new(),
+            fd: None,
             path: None,
             engine: EngineKind::Uring,
             size: None,
@@ -145,6 +172,7 @@ impl Default for ExportConfig {
             direct: true,
             serial: "mqblk".into(),
             tuning: Tuning::default(),
+            qos: None,
         }
     }
 }
@@ -198,13 +226,26 @@ impl ExportConfig {
 
     /// What no single key can check: required keys and keys that depend on each other.
     fn check(&mut self) -> Result<(), ConfigError> {
-        if self.socket.as_os_str().is_empty() {
-            return Err(ConfigError::Required(
-                "socket=PATH is required (the vhost-user unix socket to listen on)",
-            ));
+        match (self.socket.as_os_str().is_empty(), self.fd) {
+            (true, None) => {
+                return Err(ConfigError::Required(
+                    "socket=PATH is required (the vhost-user unix socket to listen on), or fd=N \
+                     (a listening unix socket inherited as file descriptor N)",
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(ConfigError::Exclusive(
+                    "socket= and fd= exclude each other: give socket=PATH to bind a path, or \
+                     fd=N to serve an inherited listening socket",
+                ))
+            }
+            _ => {}
         }
         if self.id.is_empty() {
-            self.id = default_id(&self.socket);
+            self.id = match self.fd {
+                Some(fd) => format!("fd-{fd}"),
+                None => default_id(&self.socket),
+            };
         }
         match self.engine {
             EngineKind::Uring if self.path.is_none() => {
@@ -229,6 +270,9 @@ impl ExportConfig {
         }
         if self.tuning.poll_max_us == 0 {
             self.tuning.poll = PollMode::Off;
+        }
+        if let Some(q) = &self.qos {
+            q.check()?;
         }
         Ok(())
     }
@@ -257,6 +301,32 @@ fn default_id(socket: &std::path::Path) -> String {
     } else {
         id
     }
+}
+
+/// QoS settings alone from `(key, value)` pairs (the management API's `export_set_qos`):
+/// every key must be a QoS key; no key at all means no limit.
+pub fn qos_from_pairs<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, String)>,
+) -> Result<QosConfig, ConfigError> {
+    let mut cfg = ExportConfig::default();
+    let mut seen: Vec<&'static str> = Vec::new();
+    for (name, value) in pairs {
+        let key = keys::key(name)
+            .filter(|k| qos::is_qos_key(k.name))
+            .ok_or_else(|| ConfigError::NotQos(name.into()))?;
+        if seen.contains(&key.name) {
+            return Err(ConfigError::Duplicate(name.into()));
+        }
+        seen.push(key.name);
+        key.apply(&mut cfg, &value).ok_or(ConfigError::Invalid {
+            key: key.name,
+            value,
+            allowed: key.allowed,
+        })?;
+    }
+    let qos = cfg.qos.unwrap_or_default();
+    qos.check()?;
+    Ok(qos)
 }
 
 /// Parses one `--export` spec: `key=value` pairs separated by commas.
@@ -315,8 +385,12 @@ pub fn check_exports(exports: &[ExportConfig], allow_none: bool) -> Result<(), C
         return Err(ConfigError::NoExport);
     }
     for (i, a) in exports.iter().enumerate() {
-        if exports[i + 1..].iter().any(|b| b.socket == a.socket) {
+        let later = &exports[i + 1..];
+        if !a.socket.as_os_str().is_empty() && later.iter().any(|b| b.socket == a.socket) {
             return Err(ConfigError::SharedSocket(a.socket.display().to_string()));
+        }
+        if let Some(fd) = a.fd.filter(|&fd| later.iter().any(|b| b.fd == Some(fd))) {
+            return Err(ConfigError::SharedFd(fd));
         }
         if exports[i + 1..].iter().any(|b| b.id == a.id) {
             return Err(ConfigError::SharedId(a.id.clone()));
@@ -391,6 +465,39 @@ mod tests {
     }
 
     #[test]
+    fn socket_or_inherited_fd() {
+        let c = parse_export_spec("fd=3,engine=null,size=1M").unwrap();
+        assert_eq!((c.fd, c.id.as_str()), (Some(3), "fd-3"));
+        assert!(c.socket.as_os_str().is_empty());
+        let c = parse_export_spec("fd=0,id=vm1,engine=null,size=1M").unwrap();
+        assert_eq!((c.fd, c.id.as_str()), (Some(0), "vm1"));
+        let e = |s: &str| parse_export_spec(s).unwrap_err().to_string();
+        assert!(e("engine=null,size=1M").contains("socket=PATH is required"));
+        assert!(e("engine=null,size=1M").contains("fd=N"));
+        let both = e("socket=s,fd=3,engine=null,size=1M");
+        assert!(
+            both.contains("socket= and fd= exclude each other"),
+            "{both}"
+        );
+        for bad in ["-1", "x", "2147483648", ""] {
+            let msg = e(&format!("fd={bad},engine=null,size=1M"));
+            assert!(
+                msg.contains(&format!("invalid fd={bad}")) && msg.contains("file descriptor"),
+                "{msg}"
+            );
+        }
+        let a = parse_export_spec("fd=3,id=a,engine=null,size=1M").unwrap();
+        let b = parse_export_spec("fd=3,id=b,engine=null,size=1M").unwrap();
+        let e = check_exports(&[a.clone(), b], false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fd=3"), "{e}");
+        // Exports on inherited sockets have no path to share.
+        let b = parse_export_spec("fd=4,id=b,engine=null,size=1M").unwrap();
+        check_exports(&[a, b], false).unwrap();
+    }
+
+    #[test]
     fn poll_modes() {
         for (v, mode) in [
             ("adaptive", PollMode::Adaptive),
@@ -449,6 +556,53 @@ mod tests {
         assert!(e("socket=s,path=p,sqpoll-idle-ms=-1").contains("sqpoll-idle-ms"));
         assert!(e("socket=s,path=p,sqpoll-idle-ms=20000").contains("0 to 10000"));
         assert!(e("socket=s,path=p,coop-taskrun=sometimes").contains("coop-taskrun"));
+    }
+
+    #[test]
+    fn qos_keys() {
+        assert_eq!(parse_export_spec("socket=s,path=p").unwrap().qos, None);
+        let c = parse_export_spec(
+            "socket=s,path=p,iops-read=100,iops-read-max=1000,iops-read-max-length=60,\
+             iops-write=50,bps-total=10M,bps-total-max=20M,iops-size=16K,group=g.1",
+        )
+        .unwrap();
+        let q = c.qos.unwrap();
+        assert_eq!(
+            q.iops_read,
+            qos::Limit {
+                rate: 100,
+                max: 1000,
+                max_length: 60
+            }
+        );
+        assert_eq!((q.iops_write.rate, q.iops_total.rate), (50, 0));
+        assert_eq!((q.bps_total.rate, q.bps_total.max), (10 << 20, 20 << 20));
+        assert_eq!((q.iops_size, q.group.as_deref()), (16384, Some("g.1")));
+        assert!(q.is_limited());
+        // A group alone is QoS configured without a limit.
+        let q = parse_export_spec("socket=s,path=p,group=g")
+            .unwrap()
+            .qos
+            .unwrap();
+        assert!(!q.is_limited());
+        let e = |s: &str| parse_export_spec(s).unwrap_err().to_string();
+        assert!(e("socket=s,path=p,iops-total=x").contains("invalid iops-total=x"));
+        assert!(e("socket=s,path=p,bps-read=1Q").contains("K/M/G/T"));
+        assert!(e("socket=s,path=p,iops-total=1,iops-total-max-length=0").contains("1 to"));
+        assert!(e("socket=s,path=p,group=a/b").contains("invalid group=a/b"));
+        let conflict = e("socket=s,path=p,iops-total=100,iops-write=10");
+        assert!(
+            conflict.contains("invalid iops-write=10") && conflict.contains("iops-total"),
+            "{conflict}"
+        );
+        let conflict = e("socket=s,path=p,bps-write=100,bps-write-max=10");
+        assert!(conflict.contains("invalid bps-write-max=10"), "{conflict}");
+        let (ex, _) = parse_config_file(
+            "[[export]]\nsocket='a'\npath='p'\niops-total=2000\niops-total-max='4000'\n",
+        )
+        .unwrap();
+        let q = ex[0].qos.as_ref().unwrap();
+        assert_eq!((q.iops_total.rate, q.iops_total.max), (2000, 4000));
     }
 
     #[test]

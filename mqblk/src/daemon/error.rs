@@ -1,7 +1,9 @@
 //! Why the daemon or an export could not start. Each message is one line for the operator.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::config::ConfigError;
 use crate::engine::OpenError;
 
 /// A failure to start serving.
@@ -16,6 +18,15 @@ pub enum Error {
     /// The socket path holds something that is not a socket.
     #[error("socket path {0} exists and is not a socket: choose another path")]
     NotASocket(PathBuf),
+    /// An inherited descriptor (`fd=N` or socket activation) that is not a listening unix
+    /// stream socket.
+    #[error("fd={fd}: {why}")]
+    InheritedFd {
+        /// The descriptor.
+        fd: i32,
+        /// What is wrong with it.
+        why: String,
+    },
     /// Anything else about the socket.
     #[error("{what} socket {path}: {err}")]
     Socket {
@@ -34,6 +45,21 @@ pub enum Error {
         /// The error.
         err: std::io::Error,
     },
+    /// The metrics endpoint could not listen.
+    #[error("cannot serve metrics on {addr}: {err}")]
+    Metrics {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The error.
+        err: std::io::Error,
+    },
+    /// The socket-activation environment (`LISTEN_FDS`, `LISTEN_PID`, `LISTEN_FDNAMES`) is
+    /// malformed.
+    #[error("socket activation (LISTEN_FDS, LISTEN_FDNAMES): {0}")]
+    SocketActivation(std::io::Error),
+    /// QoS settings that are invalid, or that conflict with the export's throttle group.
+    #[error(transparent)]
+    Qos(ConfigError),
     /// Signals could not be blocked.
     #[error("cannot block signals: {0}")]
     Signals(std::io::Error),

@@ -1,6 +1,7 @@
 //! An export: a disk served on one vhost-user socket, from start to drain.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,28 +9,40 @@ use std::thread::JoinHandle;
 
 use super::error::Error;
 use super::listener::{self, ListenerState};
+use super::qos::ExportQos;
 use crate::api::ExportStatus;
-use crate::config::ExportConfig;
+use crate::config::{ExportConfig, QosConfig};
 use crate::engine::{self, Engine};
 use crate::frontend::Device;
 
 /// A running export.
 pub struct Export {
     device: Arc<Device>,
+    qos: ExportQos,
     socket: PathBuf,
-    listener_fd: RawFd,
+    /// Whether this process bound `socket` (and so removes it at shutdown). An inherited
+    /// socket belongs to whoever handed it over and outlives this process.
+    bound: bool,
     state: Arc<ListenerState>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Export {
-    /// Opens the storage, starts the I/O threads and begins listening.
+    /// Opens the storage, starts the I/O threads and begins listening on the export's
+    /// `socket=` path or its `fd=` descriptor.
     pub fn start(cfg: ExportConfig) -> Result<Export, Error> {
+        Export::start_activated(cfg, None)
+    }
+
+    /// [`Export::start`], serving `activated` (a socket handed over by systemd socket
+    /// activation) when the export is not given `fd=` itself.
+    pub fn start_activated(cfg: ExportConfig, activated: Option<RawFd>) -> Result<Export, Error> {
         let engine: Arc<dyn Engine> = Arc::from(engine::open(&cfg)?);
-        let listener = listener::bind(&cfg.socket)?;
-        let socket = cfg.socket.clone();
+        let (listener, socket, bound) = listen(&cfg, activated)?;
         tracing::info!(
+            export = %cfg.id,
             socket = %socket.display(),
+            inherited = !bound,
             engine = engine.name(),
             capacity = engine.capacity(),
             queues = cfg.queues,
@@ -38,12 +51,26 @@ impl Export {
             readonly = cfg.readonly,
             "export ready"
         );
-        let device = Arc::new(Device::new(cfg, engine).map_err(|err| Error::Thread {
-            what: "I/O threads",
+        let qos = cfg.qos.clone();
+        let (device, qos) = ExportQos::start(qos.as_ref(), |throttle| {
+            Device::new(cfg, engine, throttle)
+                .map(Arc::new)
+                .map_err(|err| Error::Thread {
+                    what: "I/O threads",
+                    err,
+                })
+        })
+        .inspect_err(|_| {
+            // Nobody will serve it: a later start may bind it afresh. (An inherited socket
+            // is not ours to remove.)
+            if bound {
+                let _ = std::fs::remove_file(&socket);
+            }
+        })?;
+        let state = Arc::new(ListenerState::new().map_err(|err| Error::Thread {
+            what: "listener (its wake eventfd)",
             err,
         })?);
-        let state = Arc::new(ListenerState::default());
-        let listener_fd = listener.as_raw_fd();
         let thread = {
             let (device, state) = (device.clone(), state.clone());
             std::thread::Builder::new()
@@ -56,8 +83,9 @@ impl Export {
         };
         Ok(Export {
             device,
+            qos,
             socket,
-            listener_fd,
+            bound,
             state,
             thread: Some(thread),
         })
@@ -68,13 +96,34 @@ impl Export {
         &self.device
     }
 
+    /// The export's settings now: as given, with its QoS as it is now (it may have been changed
+    /// at runtime, or by another member of its throttle group).
+    pub fn config(&self) -> ExportConfig {
+        let mut cfg = self.device.config().clone();
+        cfg.qos = self.qos.current();
+        cfg
+    }
+
+    /// The export's QoS now: its limits (its throttle group's, if in one) and its group.
+    pub fn qos(&self) -> QosConfig {
+        self.qos.config()
+    }
+
+    /// Changes the export's QoS while it runs (the management API's `export_set_qos`): the
+    /// limits take effect within 100 ms; with `group`, the export joins that throttle group,
+    /// and limits given with it become the group's. An invalid setting changes nothing and
+    /// names the offending key.
+    pub fn set_qos(&self, qos: QosConfig) -> Result<(), Error> {
+        self.qos.set(&self.device, &qos)
+    }
+
     /// The export as the management API and the metrics report it.
     pub fn status(&self) -> ExportStatus {
         let d = &self.device;
         let cfg = d.config();
         ExportStatus {
             id: cfg.id.clone(),
-            socket: cfg.socket.clone(),
+            socket: self.socket.clone(),
             engine: d.engine().name().to_string(),
             capacity: d.engine().capacity(),
             queues: cfg.queues,
@@ -83,6 +132,7 @@ impl Export {
             readonly: cfg.readonly,
             connected: self.state.connected(),
             connections: self.state.connections.load(Ordering::Relaxed),
+            in_flight: d.threads().iter().map(|t| t.counters().in_flight()).sum(),
             counters: d.counters(),
             per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),
         }
@@ -110,37 +160,46 @@ impl Export {
         Ok(self.status())
     }
 
-    /// The socket it listens on.
+    /// Whether it still serves: its listener and every I/O thread run.
+    pub fn is_healthy(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished()) && self.device.threads_running()
+    }
+
+    /// The socket it listens on (for an inherited socket, the path it is bound to, if any).
     pub fn socket(&self) -> &Path {
         &self.socket
     }
 
     /// Stops accepting, drains the current connection's in-flight I/O, stops the I/O threads,
-    /// removes the socket.
+    /// removes the socket if this process bound it.
     pub fn shutdown(mut self) {
-        self.state.stop.store(true, Ordering::SeqCst);
-        // Wake the listener thread whether it is in accept() or reading a message.
-        if let Some(s) = self
-            .state
-            .conn
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-        // SAFETY: shutdown(2) on the listening socket's descriptor, which the listener thread
-        // still owns (it is closed only after that thread ends); it makes accept() return.
-        unsafe {
-            libc::shutdown(self.listener_fd, libc::SHUT_RDWR);
-        }
+        self.state.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        self.qos.leave(&self.device);
         match Arc::try_unwrap(self.device) {
             Ok(mut d) => d.shutdown(),
             Err(_) => tracing::warn!("export still referenced at shutdown"),
         }
-        let _ = std::fs::remove_file(&self.socket);
+        if self.bound {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+    }
+}
+
+/// The export's listening socket, its path, and whether this process bound it. An explicit
+/// `fd=` comes first, then a socket-activated descriptor, then binding `socket=`.
+fn listen(
+    cfg: &ExportConfig,
+    activated: Option<RawFd>,
+) -> Result<(UnixListener, PathBuf, bool), Error> {
+    match cfg.fd.or(activated) {
+        Some(fd) => {
+            let l = listener::adopt(fd)?;
+            let path = listener::bound_path(&l).unwrap_or_else(|| cfg.socket.clone());
+            Ok((l, path, false))
+        }
+        None => Ok((listener::bind(&cfg.socket)?, cfg.socket.clone(), true)),
     }
 }

@@ -2,13 +2,14 @@
 //! resizes. Each export is independent; adding or removing one never touches another's I/O
 //! threads or connection.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::error::Error;
 use super::export::Export;
 use crate::api::{Control, ControlError, ExportStatus, RemoveMode};
-use crate::config::{EngineKind, ExportConfig};
+use crate::config::{EngineKind, ExportConfig, QosConfig};
 
 /// The daemon's exports.
 #[derive(Default)]
@@ -26,6 +27,15 @@ impl Exports {
 
     /// Starts an export whose id and socket no running export has.
     pub fn start(&self, cfg: ExportConfig) -> Result<ExportStatus, Error> {
+        self.start_activated(cfg, None)
+    }
+
+    /// [`Exports::start`] on a socket handed over by socket activation, if there is one.
+    pub fn start_activated(
+        &self,
+        cfg: ExportConfig,
+        activated: Option<RawFd>,
+    ) -> Result<ExportStatus, Error> {
         let mut running = self.lock();
         if running.iter().any(|e| e.device().config().id == cfg.id) {
             return Err(Error::IdTaken(cfg.id));
@@ -36,7 +46,7 @@ impl Exports {
         {
             return Err(Error::SocketTaken(cfg.socket));
         }
-        let export = Export::start(cfg)?;
+        let export = Export::start_activated(cfg, activated)?;
         let status = export.status();
         running.push(export);
         Ok(status)
@@ -76,6 +86,14 @@ impl Exports {
         Ok(f(e))
     }
 
+    /// The id of an export whose listener or an I/O thread has stopped, if any.
+    pub fn unhealthy(&self) -> Option<String> {
+        self.lock()
+            .iter()
+            .find(|e| !e.is_healthy())
+            .map(|e| e.device().config().id.clone())
+    }
+
     /// Whether the API asked the daemon to exit.
     pub fn shutdown_requested(&self) -> bool {
         self.shutdown.load(Ordering::SeqCst)
@@ -103,6 +121,7 @@ impl From<Error> for ControlError {
                 ControlError::Conflict(e.to_string())
             }
             Error::InUse(_) => ControlError::Busy(e.to_string()),
+            Error::Qos(_) => ControlError::InvalidParams(e.to_string()),
             other => ControlError::Failed(other.to_string()),
         }
     }
@@ -122,20 +141,25 @@ impl Control for Exports {
     }
 
     fn get(&self, id: &str) -> Result<(ExportConfig, ExportStatus), ControlError> {
-        Ok(self.with(id, |e| (e.device().config().clone(), e.status()))?)
+        Ok(self.with(id, |e| (e.config(), e.status()))?)
     }
 
     fn resize(&self, id: &str, size: Option<u64>) -> Result<ExportStatus, ControlError> {
         Ok(self.with(id, |e| e.resize(size))??)
     }
 
+    fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError> {
+        Ok(self.with(id, |e| e.set_qos(qos).map(|()| e.qos()))??)
+    }
+
     /// The settings that recreate the running exports: as they were given, with the size an
-    /// export has now (after a resize) wherever a size was given or is needed.
+    /// export has now (after a resize) wherever a size was given or is needed, and its QoS as
+    /// it is now.
     fn configs(&self) -> Vec<ExportConfig> {
         self.lock()
             .iter()
             .map(|e| {
-                let mut cfg = e.device().config().clone();
+                let mut cfg = e.config();
                 if cfg.size.is_some() || cfg.engine != EngineKind::Uring {
                     cfg.size = Some(e.device().engine().capacity());
                 }

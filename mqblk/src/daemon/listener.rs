@@ -1,14 +1,15 @@
-//! An export's socket: binding it, accepting one frontend at a time, and serving that
-//! frontend's vhost-user messages until it goes away.
+//! An export's socket: binding it (or adopting one inherited), accepting one frontend at a
+//! time, and serving that frontend's vhost-user messages until it goes away.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::{BackendReqHandler, Error as VhuError, VhostUserBackendReqHandler};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::error::Error;
 use crate::frontend::backend_channel::peek_backend_channel;
@@ -48,13 +49,81 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
     })
 }
 
+/// Takes over the listening unix stream socket inherited as `fd` (`fd=N`, or systemd socket
+/// activation), after checking that it is one.
+pub fn adopt(fd: RawFd) -> Result<UnixListener, Error> {
+    let bad = |why: String| Error::InheritedFd { fd, why };
+    let opt = |name: libc::c_int| -> io::Result<libc::c_int> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `v`, a live local of that size;
+        // on a descriptor that is not an open socket it fails with EBADF or ENOTSOCK.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            Ok(v)
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    let domain = opt(libc::SO_DOMAIN).map_err(|e| {
+        bad(match e.raw_os_error() {
+            Some(libc::EBADF) => "no such open file descriptor".into(),
+            Some(libc::ENOTSOCK) => "not a socket".into(),
+            _ => e.to_string(),
+        })
+    })?;
+    if domain != libc::AF_UNIX {
+        return Err(bad(
+            "not a unix socket (vhost-user listens on AF_UNIX)".into()
+        ));
+    }
+    if opt(libc::SO_TYPE).map_err(|e| bad(e.to_string()))? != libc::SOCK_STREAM {
+        return Err(bad(
+            "not a stream socket (vhost-user needs SOCK_STREAM)".into()
+        ));
+    }
+    if opt(libc::SO_ACCEPTCONN).map_err(|e| bad(e.to_string()))? == 0 {
+        return Err(bad(
+            "not listening (bind and listen(2) on it before handing it over)".into(),
+        ));
+    }
+    // SAFETY: `fd` is an open listening unix stream socket (checked above) that this process
+    // was handed to serve; the daemon adopts each such descriptor for exactly one export
+    // (config::check_exports and the socket-activation assignment keep them distinct), so
+    // nothing else here owns or closes it.
+    let listener = unsafe { UnixListener::from_raw_fd(fd) };
+    // A child process must not inherit (and hold open) the export's socket.
+    // SAFETY: fcntl on the descriptor just adopted.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    Ok(listener)
+}
+
+/// The path an inherited listener is bound to, if it has one (for logs and status).
+pub fn bound_path(listener: &UnixListener) -> Option<PathBuf> {
+    listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+}
+
 /// What the listener shares with the export that owns it.
-#[derive(Default)]
 pub struct ListenerState {
     /// The connection being served, so that a shutdown can wake its reads.
     pub conn: Mutex<Option<UnixStream>>,
     /// Set when the export stops.
     pub stop: AtomicBool,
+    /// Written when the export stops, to wake an accept. (The listening socket itself is not
+    /// shut down for that: an inherited one is shared with whoever handed it over, e.g.
+    /// systemd, which passes it on to the next instance.)
+    pub wake: EventFd,
     /// Frontends accepted since the export started.
     pub connections: AtomicU64,
     /// The session of the connected frontend, for the control plane (resize).
@@ -62,6 +131,27 @@ pub struct ListenerState {
 }
 
 impl ListenerState {
+    /// A listener's state before its first connection.
+    pub fn new() -> io::Result<ListenerState> {
+        Ok(ListenerState {
+            conn: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            wake: EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?,
+            connections: AtomicU64::new(0),
+            session: Mutex::new(None),
+        })
+    }
+
+    /// Asks the listener to stop, waking it wherever it waits.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.wake.write(1);
+        // Wake the message loop of a connection being served.
+        if let Some(s) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
     /// Whether a frontend is connected now.
     pub fn connected(&self) -> bool {
         self.conn
@@ -75,9 +165,15 @@ impl ListenerState {
 /// [`Session`] on the export's device, and its in-flight I/O is drained when it ends.
 pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerState>) {
     let mut served = 0u64;
+    let id = device.config().id.clone();
     while !state.stop.load(Ordering::SeqCst) {
+        if !wait_for_frontend(&listener, &state.wake) {
+            break;
+        }
         let stream = match listener.accept() {
             Ok((s, _)) => s,
+            // Another holder of an inherited socket took the connection first.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 if state.stop.load(Ordering::SeqCst) {
                     break;
@@ -92,8 +188,7 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         }
         served += 1;
         state.connections.fetch_add(1, Ordering::Relaxed);
-        let socket = device.config().socket.display().to_string();
-        tracing::info!(socket, connection = served, "frontend connected");
+        tracing::info!(export = %id, connection = served, "frontend connected");
         match stream.try_clone() {
             Ok(c) => *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
             Err(e) => {
@@ -134,6 +229,38 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         drop(handler);
         // Drain the connection's in-flight I/O and forget its memory.
         lock(&session).disconnect();
+    }
+}
+
+/// Waits until a frontend connects (true) or the export stops (false).
+fn wait_for_frontend(listener: &UnixListener, wake: &EventFd) -> bool {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two valid descriptors in a live local array.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return false;
+        }
+        if fds[1].revents != 0 {
+            return false;
+        }
+        if fds[0].revents != 0 {
+            return true;
+        }
     }
 }
 

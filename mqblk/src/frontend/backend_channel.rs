@@ -9,7 +9,7 @@
 //! descriptor in this process) yields the channel. The message itself is 12 bytes.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
@@ -94,7 +94,23 @@ impl BackendChannel {
         let mut msg = [0u8; 12];
         msg[0..4].copy_from_slice(&CONFIG_CHANGE_MSG.to_le_bytes());
         msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        self.sock.write_all(&msg)?;
+        // Never block the control plane on a frontend that does not read its channel.
+        // SAFETY: send(2) of a live 12-byte buffer on a descriptor this channel owns.
+        let sent = unsafe {
+            libc::send(
+                self.sock.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent != msg.len() as isize {
+            return Err(if sent < 0 {
+                io::Error::last_os_error()
+            } else {
+                io::Error::other("the frontend's channel took part of the message")
+            });
+        }
         if !reply_ack {
             return Ok(());
         }

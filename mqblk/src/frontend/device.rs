@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::blk::{ConfigSpace, Geometry, Limits};
 use crate::config::{ExportConfig, MAX_SERIAL_LEN};
 use crate::engine::{Engine, ResizeError};
-use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, IOV_MAX};
+use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX};
 
 /// Largest discard / write-zeroes, in sectors (512 MiB).
 pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
@@ -22,8 +22,13 @@ pub struct Device {
 }
 
 impl Device {
-    /// The device around an opened engine; starts its I/O threads.
-    pub fn new(cfg: ExportConfig, engine: Arc<dyn Engine>) -> std::io::Result<Device> {
+    /// The device around an opened engine; starts its I/O threads, admitting requests through
+    /// `throttle` if given (the export's QoS buckets, or its group's).
+    pub fn new(
+        cfg: ExportConfig,
+        engine: Arc<dyn Engine>,
+        throttle: Option<Arc<Throttle>>,
+    ) -> std::io::Result<Device> {
         let block_size = engine.block_size();
         let seg_max = (u32::from(cfg.queue_size) - 2).clamp(1, IOV_MAX as u32 - 2);
         let geometry = Geometry {
@@ -43,11 +48,8 @@ impl Device {
         };
         let mut serial = cfg.serial.as_bytes().to_vec();
         serial.truncate(MAX_SERIAL_LEN);
-        let short_name: String = cfg
-            .socket
-            .file_stem()
-            .map(|s| s.to_string_lossy().chars().take(6).collect())
-            .unwrap_or_default();
+        // Thread names hold 15 bytes: "mqblk-ioN-" and the start of the export's id.
+        let short_name: String = cfg.id.chars().take(6).collect();
         let nthreads = cfg.num_threads();
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
@@ -61,6 +63,7 @@ impl Device {
                 limits,
                 serial: serial.clone(),
                 tuning: cfg.tuning,
+                throttle: throttle.clone(),
             };
             match io::spawn(tc, engine.clone()) {
                 Ok(h) => threads.push(h),
@@ -151,9 +154,22 @@ impl Device {
         (&self.threads[t], q / self.cfg.num_threads())
     }
 
+    /// Admits requests through `throttle` from now on (`None`: no limit). Requests waiting
+    /// under the previous buckets ask the new ones.
+    pub fn set_throttle(&self, throttle: Option<Arc<Throttle>>) {
+        for t in &self.threads {
+            t.send(Command::SetThrottle(throttle.clone()));
+        }
+    }
+
     /// The I/O threads' counters, summed.
     pub fn counters(&self) -> IoCounters {
         IoCounters::sum(self.threads.iter().map(|t| t.counters()))
+    }
+
+    /// Whether every I/O thread still runs.
+    pub fn threads_running(&self) -> bool {
+        self.threads.iter().all(|t| t.is_running())
     }
 
     /// Drains and stops the I/O threads.

@@ -7,7 +7,21 @@ use vm_memory::{Bytes, GuestAddress};
 use super::slots::SlotId;
 use super::thread::IoThread;
 use super::GuestMemory;
-use crate::blk::{self, Kind, Segment, Status};
+use crate::blk::{self, Kind, ReqType, Segment, Status};
+
+/// A request being answered: where its used entry goes, and what the counters book.
+pub(super) struct Answered {
+    /// Its queue, by index among this thread's queues.
+    pub local: usize,
+    /// Its head descriptor (the used entry's id).
+    pub head: u16,
+    /// Its type, when known (not for GET_ID, nor for chains too broken to read a header of).
+    pub ty: Option<ReqType>,
+    /// Bytes it transfers, discards or zeroes (booked only when it succeeds).
+    pub bytes: u64,
+    /// When it was popped (`IoThread::now_ns`).
+    pub started_ns: u64,
+}
 
 /// Why a request that reached the engine failed. The message is its log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -90,6 +104,13 @@ impl IoThread {
             if self.dirty.is_on() && kind == Kind::Read {
                 self.dirty.host_writes(&mem, &s.iovs, &mut self.counters);
             }
+            let req = Answered {
+                local: queue,
+                head,
+                ty: kind.req_type(),
+                bytes: len,
+                started_ns: s.started_ns,
+            };
             if status == Status::Ok && matches!(kind, Kind::Read | Kind::Write) {
                 self.counters.bytes += len;
             }
@@ -100,22 +121,22 @@ impl IoThread {
             };
             self.slots.release(id);
             self.engine_in_flight -= 1;
-            self.answer(queue, head, status, used_len, Some(status_addr), &mem);
+            self.answer(req, status, used_len, Some(status_addr), &mem);
         }
         self.mem = Some(mem);
     }
 
-    /// Answers a request: writes `status` (if there is a status byte) and adds the used entry.
-    /// A status byte that cannot be written is answered with a used length of 0.
+    /// Answers a request: writes `status` (if there is a status byte), adds the used entry and
+    /// counts it. A status byte that cannot be written is answered with a used length of 0.
     pub(super) fn answer(
         &mut self,
-        local: usize,
-        head: u16,
+        req: Answered,
         status: Status,
         used_len: u32,
         status_addr: Option<GuestAddress>,
         mem: &GuestMemory,
     ) {
+        let Answered { local, head, .. } = req;
         let written = match status_addr {
             Some(addr) if mem.write_obj(status as u8, addr).is_ok() => Some(addr),
             _ => None,
@@ -126,10 +147,15 @@ impl IoThread {
                 self.dirty.status_byte(addr, &mut self.counters);
             }
         }
-        if status != Status::Ok {
+        let ok = status == Status::Ok;
+        if !ok {
             self.counters.errors += 1;
         }
         self.counters.requests += 1;
+        if let Some(ty) = req.ty {
+            let latency = self.now_ns.saturating_sub(req.started_ns);
+            self.counters.count_request(ty, ok, req.bytes, latency);
+        }
         let max_in_flight = u32::from(self.queue_sizes[local]);
         let Some(Some(q)) = self.queues.get_mut(local) else {
             return;

@@ -1,7 +1,8 @@
 //! Commands from the frontend session: starting and stopping queues, replacing a call eventfd,
-//! swapping guest memory, the cache mode, the dirty log, shutdown. Stops and memory swaps wait until the
-//! requests they concern have completed, so that no completion ever writes to memory the
-//! frontend has taken back.
+//! swapping guest memory, the cache mode, the dirty log, shutdown; and from the daemon, the QoS
+//! buckets. Stops and memory swaps wait until the requests they concern have completed, so that
+//! no completion ever writes to memory the frontend has taken back (requests waiting for QoS
+//! admission then start without waiting).
 
 use std::sync::Arc;
 
@@ -56,7 +57,10 @@ impl IoThread {
                     tracing::debug!(queue = index, resubmitted = resubmit.len(), "queue started");
                 }
                 Command::Stop { local, reply } => match self.queues.get_mut(local) {
-                    Some(Some(q)) => q.stop_reply = Some(reply),
+                    Some(Some(q)) => {
+                        q.stop_reply = Some(reply);
+                        self.admission_due = true;
+                    }
                     _ => {
                         let _ = reply.send(0);
                     }
@@ -73,8 +77,13 @@ impl IoThread {
                     // the reference counts this thread touches are then its own.
                     let private = mem.map(|m| Arc::new((*m).clone()));
                     self.pending_mem = Some((private, reply));
+                    self.admission_due = true;
                 }
                 Command::SetWriteback(wb) => self.writeback = wb,
+                Command::SetThrottle(throttle) => {
+                    self.throttle = throttle;
+                    self.admission_due = true;
+                }
                 Command::SetCapacity { sectors, reply } => {
                     self.limits.capacity_sectors = sectors;
                     self.capacity_barrier.push((self.slots.snapshot(), reply));
@@ -85,6 +94,7 @@ impl IoThread {
                 }
                 Command::Shutdown => {
                     self.shutdown = true;
+                    self.admission_due = true;
                     for q in self.queues.iter_mut().flatten() {
                         if q.stop_reply.is_none() {
                             let (tx, _rx) = std::sync::mpsc::sync_channel(1);

@@ -4,6 +4,7 @@
 //! ```text
 //! kick (multishot poll on the kick eventfd) or a poll of the avail ring
 //!   -> pop avail chains (vq) -> parse + validate (blk::request) -> map to host iovecs (slots)
+//!   -> QoS admission, if the export has limits (admit, throttle, policy::qos)
 //!   -> merge adjacent requests (policy::merge) -> start on the engine channel (submit)
 //!   -> io_uring_enter: early while the device holds fewer I/Os than are queued, else once
 //!      for the batch (policy::submit, ring)
@@ -15,14 +16,18 @@
 //! The files, one stage each: [`thread`] (the loop only), [`ring`] (io_uring setup, tokens,
 //! accounting, registration), [`vq`] (popping, used entries, notification decisions),
 //! [`slots`] (the slot table and iovec mapping), [`inflight`] (the in-flight region a
-//! restarted backend resubmits from), `submit` (staging, merging, starting I/O),
+//! restarted backend resubmits from), `submit` (staging, merging, starting I/O), `admit`
+//! (QoS admission: waiting queues and their timer), [`throttle`] (the buckets an export's
+//! threads share),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
-//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission),
-//! [`dirty_log`] (the frontend's dirty log) and `migration` (marking in it what the thread
-//! writes while the VM migrates).
+//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission,
+//! QoS buckets), [`dirty_log`] (the frontend's dirty log) and `migration` (marking in it what
+//! the thread writes while the VM migrates).
 //!
-//! Nothing here takes a lock shared with another I/O thread or allocates per request once warm.
+//! Nothing here takes a lock shared with another I/O thread or allocates per request once warm,
+//! except, for exports with QoS limits only, the buckets the export's threads share.
 
+mod admit;
 mod complete;
 mod control;
 pub mod dirty_log;
@@ -37,6 +42,7 @@ mod submit;
 #[cfg(test)]
 mod tests;
 mod thread;
+pub mod throttle;
 pub mod vq;
 
 use std::fs::File;
@@ -57,6 +63,7 @@ pub use complete::status_of;
 pub use migration::used_ring_len;
 pub use slots::IOV_MAX;
 pub use stats::{IoCounters, SharedCounters};
+pub use throttle::Throttle;
 
 /// Guest memory as the I/O threads see it.
 pub type GuestMemory = GuestMemoryMmap<()>;
@@ -107,6 +114,9 @@ pub enum Command {
     },
     /// Write-back (true) or write-through (false) cache mode, from CONFIG_WCE.
     SetWriteback(bool),
+    /// The QoS buckets to admit requests through; `None`: no limit (requests waiting for
+    /// admission start at once).
+    SetThrottle(Option<Arc<Throttle>>),
     /// A new capacity (an online resize): requests parsed from now on are checked against it;
     /// replies once every request that was in flight when the command arrived has completed,
     /// so that after a shrink nothing reaches past the new end.
@@ -146,6 +156,8 @@ pub struct IoThreadConfig {
     pub serial: Vec<u8>,
     /// Polling, batching, merging and io_uring settings.
     pub tuning: Tuning,
+    /// QoS buckets shared with the export's other threads; `None` while it has no limit.
+    pub throttle: Option<Arc<Throttle>>,
 }
 
 /// What the frontend keeps of a running I/O thread.
@@ -167,6 +179,11 @@ impl IoThreadHandle {
     /// The thread's published counters.
     pub fn counters(&self) -> &SharedCounters {
         &self.counters
+    }
+
+    /// Whether the thread still runs (it ends only when told to, or when its io_uring fails).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Stops the thread after draining, and joins it.

@@ -35,6 +35,8 @@ pub enum Token {
     Control,
     /// The engine's completion fd is readable.
     EngineEvents,
+    /// A QoS wait ended: queues waiting for admission ask their buckets again.
+    QosTimer,
     /// An entry whose completion carries nothing (a guest notification, a poll removal).
     Ignore,
 }
@@ -53,6 +55,7 @@ impl Token {
             Token::Control => (2, 0),
             Token::EngineEvents => (3, 0),
             Token::Ignore => (4, 0),
+            Token::QosTimer => (5, 0),
         };
         tag << TAG_SHIFT | (payload & PAYLOAD)
     }
@@ -68,6 +71,7 @@ impl Token {
             },
             2 => Token::Control,
             3 => Token::EngineEvents,
+            5 => Token::QosTimer,
             _ => Token::Ignore,
         }
     }
@@ -115,6 +119,9 @@ pub struct Ring {
     fixed_file: bool,
     /// Guest memory registered as fixed buffers: `(host start, host end)` by buffer index.
     buffers: Vec<(usize, usize)>,
+    /// The duration of the last timeout entry (stable: boxed; the kernel reads it when the
+    /// entry is submitted).
+    timeout: Box<types::Timespec>,
 }
 
 fn transient(e: &io::Error) -> bool {
@@ -165,6 +172,7 @@ impl Ring {
             taskrun_flag,
             fixed_file: false,
             buffers: Vec::new(),
+            timeout: Box::new(types::Timespec::new()),
         })
     }
 
@@ -264,6 +272,16 @@ impl Ring {
             .build();
         // SAFETY: a poll names no buffer; the caller keeps `fd` open until the poll is removed
         // and the removal submitted.
+        unsafe { self.push(sqe, token, c) };
+    }
+
+    /// Queues a timer that completes as `token` after `after`.
+    pub fn push_timeout(&mut self, after: std::time::Duration, token: Token, c: &mut IoCounters) {
+        *self.timeout = types::Timespec::from(after);
+        let sqe = opcode::Timeout::new(&*self.timeout).build();
+        // SAFETY: the entry names only the boxed timespec, which lives as long as the ring. A
+        // later timeout overwrites it; if that happens before this entry was submitted, this
+        // timer merely gets the later duration.
         unsafe { self.push(sqe, token, c) };
     }
 
@@ -473,6 +491,7 @@ mod tests {
             },
             Token::Control,
             Token::EngineEvents,
+            Token::QosTimer,
             Token::Ignore,
         ] {
             assert_eq!(Token::decode(t.encode()), t);

@@ -36,6 +36,8 @@ pub struct Slot {
     pub len: u64,
     /// Byte offset on the disk.
     pub offset: u64,
+    /// When it was popped (the I/O thread's `now_ns`), for its latency.
+    pub started_ns: u64,
     /// This request's data buffers as host iovecs.
     pub iovs: Vec<libc::iovec>,
     /// The merged I/O's concatenated iovecs (leader only).
@@ -58,6 +60,7 @@ impl Slot {
             status_addr: vm_memory::GuestAddress(0),
             len: 0,
             offset: 0,
+            started_ns: 0,
             iovs: Vec::new(),
             merged_iovs: Vec::new(),
             next: NONE,

@@ -10,14 +10,73 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-/// Defines [`IoCounters`] and its atomic mirror [`SharedCounters`] from one list of fields.
+use crate::blk::ReqType;
+
+/// Buckets of the per-type latency histogram: bucket `i` counts latencies of at most 2^i µs
+/// (1 µs to about 4.2 s), the last one everything longer.
+pub const LATENCY_BUCKETS: usize = 24;
+
+/// A counter cell, or an array of them: what a field of the `counters!` list may be.
+trait CounterCell: Copy {
+    /// Its atomic mirror in [`SharedCounters`].
+    type Shared: std::fmt::Debug + Default;
+    fn store(&self, to: &Self::Shared);
+    fn load(from: &Self::Shared) -> Self;
+    fn add(&mut self, other: &Self);
+}
+
+impl CounterCell for u64 {
+    type Shared = AtomicU64;
+    fn store(&self, to: &AtomicU64) {
+        to.store(*self, Ordering::Relaxed);
+    }
+    fn load(from: &AtomicU64) -> u64 {
+        from.load(Ordering::Relaxed)
+    }
+    fn add(&mut self, other: &u64) {
+        *self += other;
+    }
+}
+
+impl<T: CounterCell, const N: usize> CounterCell for [T; N]
+where
+    [T::Shared; N]: std::fmt::Debug + Default,
+{
+    type Shared = [T::Shared; N];
+    fn store(&self, to: &Self::Shared) {
+        for (v, s) in self.iter().zip(to) {
+            v.store(s);
+        }
+    }
+    fn load(from: &Self::Shared) -> Self {
+        std::array::from_fn(|i| T::load(&from[i]))
+    }
+    fn add(&mut self, other: &Self) {
+        for (v, o) in self.iter_mut().zip(other) {
+            v.add(o);
+        }
+    }
+}
+
+/// A field's type: `u64` unless the list names one.
+macro_rules! counter_ty {
+    () => {
+        u64
+    };
+    ($ty:ty) => {
+        $ty
+    };
+}
+
+/// Defines [`IoCounters`] and its atomic mirror [`SharedCounters`] from one list of fields
+/// (each a `u64`, or an array of them written `name: [u64; N]`).
 macro_rules! counters {
-    ($( $(#[doc = $doc:literal])+ $field:ident, )+) => {
+    ($( $(#[doc = $doc:literal])+ $field:ident $(: $ty:ty)?, )+) => {
         /// What one I/O thread (or, summed, an export) has done.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
         #[serde(default)]
         pub struct IoCounters {
-            $( $(#[doc = $doc])+ pub $field: u64, )+
+            $( $(#[doc = $doc])+ pub $field: counter_ty!($($ty)?), )+
         }
 
         impl IoCounters {
@@ -27,31 +86,35 @@ macro_rules! counters {
 
             /// Adds `other` counter by counter.
             pub fn add(&mut self, other: &IoCounters) {
-                $( self.$field += other.$field; )+
-            }
-
-            /// Every counter's value, in the order of [`IoCounters::FIELDS`].
-            pub fn values(&self) -> Vec<u64> {
-                vec![$( self.$field, )+]
+                $( CounterCell::add(&mut self.$field, &other.$field); )+
             }
         }
 
-        /// The copy of an I/O thread's counters that other threads read.
+        /// The copy of an I/O thread's counters that other threads read, and the one gauge
+        /// published with them.
         #[derive(Debug, Default)]
         #[repr(align(64))]
         pub struct SharedCounters {
-            $( $field: AtomicU64, )+
+            $( $field: <counter_ty!($($ty)?) as CounterCell>::Shared, )+
+            in_flight: AtomicU64,
         }
 
         impl SharedCounters {
-            /// Publishes `c` (called by the owning I/O thread only).
-            pub fn publish(&self, c: &IoCounters) {
-                $( self.$field.store(c.$field, Ordering::Relaxed); )+
+            /// Publishes `c` and the number of requests in flight at the engine now (called
+            /// by the owning I/O thread only).
+            pub fn publish(&self, c: &IoCounters, in_flight: u64) {
+                $( c.$field.store(&self.$field); )+
+                self.in_flight.store(in_flight, Ordering::Relaxed);
             }
 
             /// The last published values.
             pub fn load(&self) -> IoCounters {
-                IoCounters { $( $field: self.$field.load(Ordering::Relaxed), )+ }
+                IoCounters { $( $field: CounterCell::load(&self.$field), )+ }
+            }
+
+            /// Requests in flight at the engine, as last published.
+            pub fn in_flight(&self) -> u64 {
+                self.in_flight.load(Ordering::Relaxed)
             }
         }
     };
@@ -100,6 +163,10 @@ counters! {
     /// increase over an interval, divided by the interval, is the mean number in flight, i.e.
     /// how full the thread kept the device.
     engine_in_flight_ns,
+    /// Requests that waited for QoS admission (their export's or group's limits).
+    throttled,
+    /// Nanoseconds requests waited for QoS admission, summed over requests.
+    throttled_ns,
     /// Guest notifications that published 1 used entry.
     used_per_notify_1,
     /// Guest notifications that published 2 or 3 used entries.
@@ -112,9 +179,38 @@ counters! {
     used_per_notify_16_31,
     /// Guest notifications that published 32 or more used entries.
     used_per_notify_32_up,
+    /// Requests answered, by type (index: `blk::ReqType`; GET_ID is counted in `requests`
+    /// only).
+    op_requests: [u64; ReqType::COUNT],
+    /// Bytes read, written, discarded or zeroed by requests answered OK, by type.
+    op_bytes: [u64; ReqType::COUNT],
+    /// Requests answered with an error status, by type (refusals at parse time included once
+    /// the header named the type).
+    op_errors: [u64; ReqType::COUNT],
+    /// Latency of the requests in `op_requests`, summed (nanoseconds): from the loop iteration
+    /// that popped the request to the one that answered it.
+    op_latency_ns: [u64; ReqType::COUNT],
+    /// The same latencies as a histogram per type: bucket i counts those of at most 2^i µs,
+    /// the last bucket the rest.
+    op_latency: [[u64; LATENCY_BUCKETS]; ReqType::COUNT],
 }
 
 impl IoCounters {
+    /// Counts an answered request of type `ty`: `ok` with `bytes` transferred (or discarded,
+    /// zeroed), after `latency_ns`. Plain increments: this runs for every request.
+    #[inline]
+    pub fn count_request(&mut self, ty: ReqType, ok: bool, bytes: u64, latency_ns: u64) {
+        let i = ty as usize;
+        self.op_requests[i] += 1;
+        if ok {
+            self.op_bytes[i] += bytes;
+        } else {
+            self.op_errors[i] += 1;
+        }
+        self.op_latency_ns[i] += latency_ns;
+        self.op_latency[i][latency_bucket(latency_ns)] += 1;
+    }
+
     /// Counts a guest notification that published `used` entries in its histogram bucket.
     pub fn count_notification(&mut self, used: u32) {
         match used {
@@ -149,6 +245,22 @@ impl IoCounters {
     }
 }
 
+/// The latency histogram bucket of `ns`: the smallest i with `ns` <= 2^i µs, or the last.
+#[inline]
+pub fn latency_bucket(ns: u64) -> usize {
+    let us = ns.div_ceil(1000);
+    if us <= 1 {
+        return 0;
+    }
+    // ceil(log2(us)) for us >= 2.
+    ((u64::BITS - (us - 1).leading_zeros()) as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// The upper bound of latency bucket `i` in seconds; `None` for the last, unbounded one.
+pub fn latency_bucket_bound(i: usize) -> Option<f64> {
+    (i + 1 < LATENCY_BUCKETS).then(|| (1u64 << i) as f64 * 1e-6)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,16 +272,32 @@ mod tests {
             sync_writes: 1,
             ..Default::default()
         };
+        a.count_request(ReqType::Discard, true, 4096, 1500);
+        a.count_request(ReqType::Discard, false, 4096, 0);
         let shared = SharedCounters::default();
-        shared.publish(&a);
+        shared.publish(&a, 7);
         assert_eq!(shared.load(), a);
+        assert_eq!(shared.in_flight(), 7);
         a.add(&IoCounters {
             requests: 2,
             ..Default::default()
         });
         assert_eq!(a.requests, 5);
-        assert_eq!(IoCounters::FIELDS.len(), a.values().len());
         assert_eq!(IoCounters::FIELDS[0].0, "requests");
+        let d = ReqType::Discard as usize;
+        assert_eq!(
+            (
+                a.op_requests[d],
+                a.op_bytes[d],
+                a.op_errors[d],
+                a.op_latency_ns[d]
+            ),
+            (2, 4096, 1, 1500)
+        );
+        assert_eq!((a.op_latency[d][0], a.op_latency[d][1]), (1, 1));
+        let mut twice = a;
+        twice.add(&a);
+        assert_eq!(twice.op_latency[d][1], 2, "arrays add element by element");
         // The JSON names are the field names, and a reader tolerates fields it does not know.
         let json = serde_json::to_value(a).unwrap();
         for (name, _) in IoCounters::FIELDS {
@@ -178,10 +306,41 @@ mod tests {
         let back: IoCounters = serde_json::from_str(r#"{"requests": 7, "future": 1}"#).unwrap();
         assert_eq!(back.requests, 7);
         assert_eq!(IoCounters::sum([&shared, &shared]).requests, 6);
+        assert_eq!(IoCounters::sum([&shared, &shared]).op_bytes[d], 8192);
         for n in [1, 3, 4, 15, 16, 31, 32, 1000] {
             a.count_notification(n);
         }
         let h: Vec<u64> = a.used_per_notify().iter().map(|b| b.1).collect();
         assert_eq!(h, vec![1, 1, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn latency_buckets_are_powers_of_two_microseconds() {
+        for (ns, bucket) in [
+            (0, 0),
+            (1000, 0),
+            (1001, 1),
+            (2000, 1),
+            (2001, 2),
+            (4000, 2),
+            (1_000_000, 10),
+            (1_024_000, 10),
+            (1_024_001, 11),
+            ((1 << 22) * 1000, 22),
+            ((1 << 22) * 1000 + 1, 23),
+            (u64::MAX, 23),
+        ] {
+            assert_eq!(latency_bucket(ns), bucket, "{ns} ns");
+        }
+        assert_eq!(latency_bucket_bound(0), Some(1e-6));
+        assert_eq!(latency_bucket_bound(10), Some(1024e-6));
+        assert!(latency_bucket_bound(LATENCY_BUCKETS - 2).is_some());
+        assert_eq!(latency_bucket_bound(LATENCY_BUCKETS - 1), None);
+        // Every finite bound holds what its bucket takes.
+        for i in 0..LATENCY_BUCKETS - 1 {
+            let bound_ns = (latency_bucket_bound(i).unwrap() * 1e9).round() as u64;
+            assert_eq!(latency_bucket(bound_ns), i);
+            assert_eq!(latency_bucket(bound_ns + 1), i + 1);
+        }
     }
 }

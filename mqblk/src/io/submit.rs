@@ -1,9 +1,10 @@
 //! From the avail rings to the engine: pop, parse and validate each chain, map its buffers,
-//! stage it, then merge adjacent requests and start each host I/O on the engine channel.
+//! admit it (QoS, only where the export has limits: `admit`), stage it, then merge adjacent
+//! requests and start each host I/O on the engine channel.
 
 use std::time::Instant;
 
-use super::complete::write_id;
+use super::complete::{write_id, Answered};
 use super::policy::merge::{self, Dir, MergeLimits, Shape};
 use super::slots::{map_segments, SlotId, IOV_MAX};
 use super::thread::IoThread;
@@ -47,17 +48,19 @@ impl IoThread {
 
     fn pop_pending(&mut self) {
         for local in 0..self.queues.len() {
-            if matches!(&self.queues[local], Some(q) if q.pending && q.is_serving()) {
+            if matches!(&self.queues[local], Some(q) if q.pending && q.takes_requests()) {
                 self.pop_queue(local);
             }
         }
     }
 
-    /// Pops one queue's avail ring, bounded by its size in flight.
+    /// Pops one queue's avail ring, bounded by its size in flight; with QoS, until a request
+    /// has to wait for admission.
     fn pop_queue(&mut self, local: usize) {
         let Some(mem) = self.mem.clone() else {
             return;
         };
+        let qos = self.throttle.is_some();
         let max_in_flight = u32::from(self.queue_sizes[local]);
         let q = self.queues[local].as_mut().expect("caller checked");
         if let Err(e) = q.begin_pop(&mem) {
@@ -69,7 +72,14 @@ impl IoThread {
             match q.pop(&mem, max_in_flight) {
                 Pop::Chain(chain) => {
                     let head = chain.head_index();
-                    self.start_request(local, head, chain, &mem);
+                    if let Some(id) = self.start_request(local, head, chain, &mem) {
+                        // The one test an export without limits pays per request.
+                        if !qos || self.admit(local, id) {
+                            self.staged.push(id);
+                        } else {
+                            return;
+                        }
+                    }
                 }
                 Pop::Empty | Pop::Full => return,
                 Pop::Broken(e) => {
@@ -98,16 +108,36 @@ impl IoThread {
             q.in_flight += 1;
             let (table, size) = (q.queue.desc_table(), q.queue.size());
             let chain = ChainWalker::new(&*mem, vm_memory::GuestAddress(table), size, head);
-            self.start_request(local, head, chain, &mem);
+            if let Some(id) = self.start_request(local, head, chain, &mem) {
+                // Waiting requests keep their order: admit queues each behind the first.
+                if self.admit(local, id) {
+                    self.staged.push(id);
+                }
+            }
         }
     }
 
     /// Parses and validates one chain; answers it at once if it is bad or needs no I/O, else
-    /// stages it for the engine.
-    fn start_request<I>(&mut self, local: usize, head: u16, chain: I, mem: &GuestMemory)
+    /// returns its slot, ready to stage for the engine.
+    fn start_request<I>(
+        &mut self,
+        local: usize,
+        head: u16,
+        chain: I,
+        mem: &GuestMemory,
+    ) -> Option<SlotId>
     where
         I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
     {
+        // Answered here, a request is answered in the iteration that popped it.
+        let now = self.now_ns;
+        let answered = |ty, bytes| Answered {
+            local,
+            head,
+            ty,
+            bytes,
+            started_ns: now,
+        };
         let req = match blk::parse(chain, mem, &self.limits, &mut self.scratch, &mut self.segs) {
             Ok(r) => r,
             Err(rej) => {
@@ -115,25 +145,32 @@ impl IoThread {
                     let q = self.queues[local].as_ref().map_or(0, |q| q.index);
                     tracing::warn!(queue = q, head, reason = %rej.reason, status = ?rej.status, dropped_logs = d, "bad request from guest");
                 }
-                self.answer(local, head, rej.status, 1, rej.status_addr, mem);
-                return;
+                self.answer(
+                    answered(rej.req_type, 0),
+                    rej.status,
+                    1,
+                    rej.status_addr,
+                    mem,
+                );
+                return None;
             }
         };
         let status_addr = Some(req.status_addr);
+        let early = answered(req.kind.req_type(), req.len);
         if req.kind == Kind::GetId {
             let ok = write_id(mem, &self.segs, &self.serial, req.len as usize);
             if self.dirty.is_on() {
                 self.dirty.guest_writes(&self.segs, &mut self.counters);
             }
             let status = if ok { Status::Ok } else { Status::IoErr };
-            self.answer(local, head, status, req.len as u32 + 1, status_addr, mem);
-            return;
+            self.answer(early, status, req.len as u32 + 1, status_addr, mem);
+            return None;
         }
         let Some(id) = self.slots.alloc() else {
             // Cannot happen: slots = sum of queue sizes and each queue is held at its size.
             // Fail safely anyway.
-            self.answer(local, head, Status::IoErr, 1, status_addr, mem);
-            return;
+            self.answer(early, Status::IoErr, 1, status_addr, mem);
+            return None;
         };
         let slot = self.slots.get_mut(id);
         if matches!(req.kind, Kind::Read | Kind::Write) {
@@ -142,8 +179,8 @@ impl IoThread {
                 if let Some(d) = self.log.allow() {
                     tracing::warn!(head, dropped_logs = d, "bad request from guest: data buffer outside guest memory or too many segments");
                 }
-                self.answer(local, head, Status::IoErr, 1, status_addr, mem);
-                return;
+                self.answer(early, Status::IoErr, 1, status_addr, mem);
+                return None;
             }
         } else {
             slot.iovs.clear();
@@ -154,7 +191,8 @@ impl IoThread {
         slot.status_addr = req.status_addr;
         slot.len = req.len;
         slot.offset = req.offset();
-        self.staged.push(id);
+        slot.started_ns = self.now_ns;
+        Some(id)
     }
 
     /// Hands the staged requests to the engine: adjacent reads/writes of one queue merged into

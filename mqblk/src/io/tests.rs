@@ -15,9 +15,9 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::{spawn, Command, GuestMemory, IoThreadConfig, IoThreadHandle};
+use super::{spawn, Command, GuestMemory, IoThreadConfig, IoThreadHandle, Throttle};
 use crate::blk::{Limits, Status};
-use crate::config::Tuning;
+use crate::config::{QosConfig, Tuning};
 use crate::engine::{Channel, Engine, Op, Started};
 
 const QSIZE: u16 = 16;
@@ -262,6 +262,14 @@ impl Guest {
 }
 
 fn start_thread(guest: &Guest, seen: Arc<Mutex<Vec<Seen>>>) -> IoThreadHandle {
+    start_throttled(guest, seen, None)
+}
+
+fn start_throttled(
+    guest: &Guest,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    throttle: Option<Arc<Throttle>>,
+) -> IoThreadHandle {
     let cfg = IoThreadConfig {
         name: "mqblk-io-test".into(),
         cpu: None,
@@ -275,6 +283,7 @@ fn start_thread(guest: &Guest, seen: Arc<Mutex<Vec<Seen>>>) -> IoThreadHandle {
         },
         serial: b"test".to_vec(),
         tuning: Tuning::default(),
+        throttle,
     };
     let t = spawn(cfg, Arc::new(FakeEngine { seen })).unwrap();
     let (tx, rx) = sync_channel(1);
@@ -452,4 +461,108 @@ fn while_logging_every_page_the_thread_writes_is_marked_and_nothing_else() {
     let c = super::IoCounters::sum([t.counters()]);
     assert!(c.dirty_pages >= 5, "{c:?}");
     assert_eq!(c.dirty_log_misses, 0);
+}
+
+/// Buckets of `iops` requests per second.
+fn iops_limit(iops: u64) -> Arc<Throttle> {
+    let mut q = QosConfig::default();
+    q.iops_total.rate = iops;
+    Arc::new(Throttle::new(&q))
+}
+
+#[test]
+fn throttled_requests_wait_without_losing_their_queue_s_order() {
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // 10 per second: a bucket of 1, so two go at once, then one every 100 ms.
+    let mut t = start_throttled(&guest, seen.clone(), Some(iops_limit(10)));
+    guest.post(VIRTIO_BLK_T_IN, 0, Some((512, true)));
+    guest.post(VIRTIO_BLK_T_OUT, 1, Some((512, false)));
+    guest.post(VIRTIO_BLK_T_IN, 2, Some((512, true)));
+    // A flush is not limited, but it may not overtake the read before it.
+    guest.post(VIRTIO_BLK_T_FLUSH, 0, None);
+    guest.post(VIRTIO_BLK_T_IN, 3, Some((512, true)));
+    let started = std::time::Instant::now();
+    guest.kick_and_wait(5);
+    let took = started.elapsed();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            Seen::Read {
+                offset: 0,
+                bytes: 512
+            },
+            Seen::Write {
+                offset: 512,
+                first: 0
+            },
+            Seen::Read {
+                offset: 1024,
+                bytes: 512
+            },
+            Seen::Flush,
+            Seen::Read {
+                offset: 1536,
+                bytes: 512
+            },
+        ]
+    );
+    // Two waits of about 100 ms each.
+    assert!(
+        took >= Duration::from_millis(180) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+    t.shutdown();
+    let c = super::IoCounters::sum([t.counters()]);
+    assert_eq!(c.throttled, 2, "{c:?}");
+    assert!(c.throttled_ns >= 150_000_000, "{c:?}");
+    // Waiting is sleeping: a handful of loop iterations, not a spin.
+    assert!(c.sleeps < 50, "{c:?}");
+}
+
+#[test]
+fn a_stop_or_a_lifted_limit_does_not_wait_for_the_buckets() {
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    // 1 per second: one at once, the next after 0.9 s.
+    let mut t = start_throttled(&guest, seen.clone(), Some(iops_limit(1)));
+    // Apart, so that no two merge into one host I/O.
+    for sector in [0, 8, 16] {
+        guest.post(VIRTIO_BLK_T_IN, sector, Some((512, true)));
+    }
+    signal(&guest.kick);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.used_idx(), 1, "the second request waits");
+    // Lifting the limit lets the waiting request and the rest go at once.
+    t.send(Command::SetThrottle(None));
+    guest.kick_and_wait(3);
+    assert_eq!(seen.lock().unwrap().len(), 3);
+
+    // A stop does not wait for the limits either; what was never popped stays in the ring.
+    let mut guest = Guest::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut t2 = start_throttled(&guest, seen, Some(iops_limit(1)));
+    // Apart, so that no two merge into one host I/O.
+    for sector in [0, 8, 16] {
+        guest.post(VIRTIO_BLK_T_IN, sector, Some((512, true)));
+    }
+    signal(&guest.kick);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(guest.used_idx(), 1);
+    let (tx, rx) = sync_channel(1);
+    let asked = std::time::Instant::now();
+    t2.send(Command::Stop {
+        local: 0,
+        reply: tx,
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 2);
+    assert!(
+        asked.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(guest.used_idx(), 2);
+    t.shutdown();
+    t2.shutdown();
 }

@@ -20,6 +20,7 @@ use super::rate_limit::RateLimit;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
 use super::stats::{IoCounters, SharedCounters};
+use super::throttle::Throttle;
 use super::vq::Vq;
 use super::{Command, GuestMemory, IoThreadConfig};
 use crate::blk::{Limits, Scratch, Segment};
@@ -73,8 +74,19 @@ pub(super) struct IoThread {
     poll: PollPolicy,
     /// Requests started on the engine and not yet completed.
     pub(super) engine_in_flight: u64,
-    /// When `engine_in_flight` was last integrated into the counters.
-    in_flight_since: Instant,
+    /// What `now_ns` counts from.
+    epoch: Instant,
+    /// When this loop iteration began, in nanoseconds since `epoch`: the one clock reading
+    /// per iteration that the in-flight integral and every request's latency use.
+    pub(super) now_ns: u64,
+    /// QoS buckets (shared with the export's other threads, or its group's); `None`: no
+    /// limit, and requests skip admission.
+    pub(super) throttle: Option<Arc<Throttle>>,
+    /// Waiting requests should ask their buckets again (a timer fired, the limits or the
+    /// queue's state changed).
+    pub(super) admission_due: bool,
+    /// When the earliest QoS timer armed and not yet fired ends.
+    pub(super) qos_timer: Option<Instant>,
     /// Capacity changes waiting for the requests in flight before them to complete.
     pub(super) capacity_barrier: Vec<CapacityBarrier>,
     /// Dirty logging while the VM migrates.
@@ -128,7 +140,11 @@ impl IoThread {
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,
             engine_in_flight: 0,
-            in_flight_since: Instant::now(),
+            epoch: Instant::now(),
+            now_ns: 0,
+            throttle: cfg.throttle,
+            admission_due: false,
+            qos_timer: None,
             capacity_barrier: Vec::new(),
             dirty: DirtyTracking::new(nq),
         };
@@ -142,13 +158,16 @@ impl IoThread {
     /// The loop: reap, gather and start, finish stops, notify; then poll or sleep.
     pub(super) fn run(&mut self) {
         loop {
-            self.integrate_in_flight();
+            self.tick();
             self.reap();
+            if self.admission_due {
+                self.admit_waiting();
+            }
             self.gather();
             self.start_staged();
             self.finish_stops();
             self.notify();
-            self.shared.publish(&self.counters);
+            self.shared.publish(&self.counters, self.engine_in_flight);
             if self.shutdown && self.queues.iter().all(Option::is_none) && self.slots.in_use() == 0
             {
                 break;
@@ -175,17 +194,18 @@ impl IoThread {
             self.counters.sleeps += 1;
             self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
-        self.shared.publish(&self.counters);
+        self.shared.publish(&self.counters, self.engine_in_flight);
     }
 
-    /// Adds the time since the last call, times the requests in flight at the engine, to
-    /// `engine_in_flight_ns`. Called once per loop iteration: the count changes only while
-    /// the loop works, and holds while it sleeps or polls, which is where the time goes.
-    fn integrate_in_flight(&mut self) {
-        let now = Instant::now();
-        let dt = now.duration_since(self.in_flight_since).as_nanos() as u64;
-        self.counters.engine_in_flight_ns += self.engine_in_flight * dt;
-        self.in_flight_since = now;
+    /// Reads the clock for this loop iteration (`now_ns`) and adds the time since the last
+    /// one, times the requests in flight at the engine, to `engine_in_flight_ns`. The count
+    /// changes only while the loop works, and holds while it sleeps or polls, which is where
+    /// the time goes. Requests are stamped with `now_ns` when popped and when answered, so
+    /// their latency costs no clock reading of its own.
+    fn tick(&mut self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.counters.engine_in_flight_ns += self.engine_in_flight * (now - self.now_ns);
+        self.now_ns = now;
     }
 
     /// Reads the wake eventfd through the ring: its completion means commands wait.
@@ -228,6 +248,7 @@ impl IoThread {
                         }
                     }
                 }
+                Token::QosTimer => self.on_qos_timer(),
                 Token::Ignore => {}
             }
         }
@@ -288,7 +309,7 @@ impl IoThread {
         }
     }
 
-    /// Whether any serving queue has avail entries not yet popped.
+    /// Whether any queue that takes requests now has avail entries not yet popped.
     pub(super) fn any_avail(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;
@@ -300,7 +321,8 @@ impl IoThread {
         found
     }
 
-    /// Re-enables guest notifications on every serving queue; true if work arrived meanwhile.
+    /// Re-enables guest notifications on every serving queue whose requests do not wait for
+    /// admission; true if work arrived meanwhile.
     fn enable_notifications(&mut self) -> bool {
         let Some(mem) = self.mem.as_deref() else {
             return false;

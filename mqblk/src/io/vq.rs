@@ -5,16 +5,19 @@
 //! ring that cannot be read or written, marks the queue broken, and nothing more is taken from
 //! it until the frontend restarts it. Other queues are not affected.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::num::Wrapping;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
+use std::time::Instant;
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 use super::inflight::InflightQueue;
 use super::rate_limit::RateLimit;
+use super::slots::SlotId;
 use super::GuestMemory;
 
 /// What popping a queue found.
@@ -54,6 +57,10 @@ pub struct Vq {
     pub stop_reply: Option<SyncSender<u16>>,
     /// In-flight tracking for this queue (INFLIGHT_SHMFD), if the frontend set it up.
     pub track: Option<InflightQueue>,
+    /// Requests popped and parsed that wait for QoS admission, in order, with when they
+    /// began to wait. While any wait, nothing more is popped from this queue, so the guest's
+    /// order is kept. (Room for every request the ring can hold: never grows.)
+    pub waiting: VecDeque<(SlotId, Instant)>,
     /// Avail entries still to pop from the last snapshot of the avail index.
     snapshot: u16,
     /// Used entries published since the guest was last notified.
@@ -70,6 +77,7 @@ impl Vq {
         generation: u16,
         track: Option<InflightQueue>,
     ) -> Self {
+        let room = usize::from(queue.size());
         Vq {
             index,
             queue,
@@ -82,6 +90,7 @@ impl Vq {
             broken: false,
             stop_reply: None,
             track,
+            waiting: VecDeque::with_capacity(room),
             snapshot: 0,
             used_since_notify: 0,
         }
@@ -163,9 +172,14 @@ impl Vq {
         Pop::Chain(chain)
     }
 
-    /// Whether the avail ring holds requests not yet popped (one read of guest memory).
+    /// Whether this queue is popped now: it is serving and no request waits for admission.
+    pub fn takes_requests(&self) -> bool {
+        self.is_serving() && self.waiting.is_empty()
+    }
+
+    /// Whether the avail ring holds requests to pop now (one read of guest memory).
     pub fn has_avail(&mut self, mem: &GuestMemory) -> bool {
-        if !self.is_serving() {
+        if !self.takes_requests() {
             return false;
         }
         let found = matches!(self.queue.avail_idx(mem, Ordering::Acquire),
@@ -175,8 +189,12 @@ impl Vq {
     }
 
     /// Asks the guest for notifications again before the thread sleeps; true when requests
-    /// arrived meanwhile (so the thread must not sleep).
+    /// arrived meanwhile (so the thread must not sleep). A queue whose requests wait for
+    /// admission needs no kick: its timer brings the thread back to it.
     pub fn enable_notifications(&mut self, mem: &GuestMemory) -> Result<bool, &'static str> {
+        if !self.waiting.is_empty() {
+            return Ok(false);
+        }
         let found = self
             .queue
             .enable_notification(mem)

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod merge;
 pub mod poll;
+pub mod qos;
 pub mod submit;
 
 pub use batch::BatchPolicy;
