@@ -566,3 +566,128 @@ fn a_stop_or_a_lifted_limit_does_not_wait_for_the_buckets() {
     t.shutdown();
     t2.shutdown();
 }
+
+/// What dirty logging costs the request path: an I/O thread on the null engine serving 4 KiB
+/// reads, 64 in flight on one 256-entry queue, with logging off and on (log, used ring),
+/// alternating 1 s runs. Prints requests per second; run it in a release build:
+/// `cargo test -p mqblk --release --lib dirty_logging_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn dirty_logging_cost_on_the_null_engine() {
+    const Q: u16 = 256;
+    const N: u16 = 64;
+    const MEM: u64 = 16 << 20;
+    let (desc, avail, used) = (0u64, 0x1000u64, 0x2000u64);
+    let mem = Arc::new(GuestMemory::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap());
+    // Request i: header at 0x4000 + 16 i, 4 KiB of data at 1 MiB + 4 KiB i, status at 0x8000 + i.
+    let next = VRING_DESC_F_NEXT as u16;
+    let write = VRING_DESC_F_WRITE as u16;
+    for i in 0..N {
+        let (hdr, data, status) = (
+            0x4000 + 16 * u64::from(i),
+            (1 << 20) + 4096 * u64::from(i),
+            0x8000 + u64::from(i),
+        );
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&VIRTIO_BLK_T_IN.to_le_bytes());
+        h[8..16].copy_from_slice(&(u64::from(i) * 8).to_le_bytes());
+        mem.write_slice(&h, GuestAddress(hdr)).unwrap();
+        let d = 3 * i;
+        for (k, (addr, len, flags)) in [
+            (hdr, 16, next),
+            (data, 4096, next | write),
+            (status, 1, write),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let idx = d + k as u16;
+            let dsc = Descriptor::new(addr, len, flags, idx + 1);
+            mem.write_obj(dsc, GuestAddress(desc + 16 * u64::from(idx)))
+                .unwrap();
+        }
+    }
+    let mut q = Queue::new(Q).unwrap();
+    q.set_size(Q);
+    q.set_desc_table_address(Some(desc as u32), Some(0));
+    q.set_avail_ring_address(Some(avail as u32), Some(0));
+    q.set_used_ring_address(Some(used as u32), Some(0));
+    q.set_ready(true);
+    let (kick, call) = (eventfd(), eventfd());
+    let cfg = IoThreadConfig {
+        name: "mqblk-io-cost".into(),
+        cpu: None,
+        queue_sizes: vec![Q],
+        limits: Limits {
+            capacity_sectors: MEM >> 9,
+            max_descriptors: 8,
+            readonly: false,
+            max_discard_sectors: 1 << 20,
+            max_write_zeroes_sectors: 1 << 20,
+        },
+        serial: b"cost".to_vec(),
+        tuning: Tuning::default(),
+        throttle: None,
+    };
+    let mut t = spawn(cfg, Arc::new(crate::engine::NullEngine::new(MEM))).unwrap();
+    let (tx, rx) = sync_channel(1);
+    t.send(Command::SetMem {
+        mem: Some(mem.clone()),
+        reply: tx,
+    });
+    rx.recv().unwrap();
+    t.send(Command::Start {
+        local: 0,
+        index: 0,
+        queue: q,
+        kick: kick.try_clone().unwrap(),
+        call: Some(call.try_clone().unwrap()),
+        inflight: None,
+        resubmit: Vec::new(),
+    });
+    let (log, _view) = dirty_log(MEM / 4096 / 8);
+    let mut avail_idx = 0u16;
+    // Posts all N requests, kicks, and waits until they are used: one round.
+    let mut round = || {
+        for i in 0..N {
+            let slot = u64::from(avail_idx.wrapping_add(i) % Q);
+            mem.write_obj(3 * i, GuestAddress(avail + 4 + 2 * slot))
+                .unwrap();
+        }
+        avail_idx = avail_idx.wrapping_add(N);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        mem.write_obj(avail_idx, GuestAddress(avail + 2)).unwrap();
+        signal(&kick);
+        while mem.read_obj::<u16>(GuestAddress(used + 2)).unwrap() != avail_idx {
+            wait_signalled(&call, Duration::from_millis(100));
+        }
+    };
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for run in 0..10 {
+        let on = run % 2 == 1;
+        set_dirty_log(&t, on.then(|| log.clone()), used);
+        let start = std::time::Instant::now();
+        let mut done = 0u64;
+        while start.elapsed() < Duration::from_secs(1) {
+            round();
+            done += u64::from(N);
+        }
+        rates[usize::from(on)].push(done as f64 / start.elapsed().as_secs_f64());
+    }
+    t.shutdown();
+    let c = super::IoCounters::sum([t.counters()]);
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (off, on) = (median(&mut rates[0]), median(&mut rates[1]));
+    eprintln!(
+        "dirty logging cost, null engine, 4 KiB reads, 64 in flight: off {off:.0} req/s, on \
+         {on:.0} req/s ({:+.1}%); runs off {:?}, on {:?}; {} pages marked",
+        (on / off - 1.0) * 100.0,
+        rates[0].iter().map(|r| *r as u64).collect::<Vec<_>>(),
+        rates[1].iter().map(|r| *r as u64).collect::<Vec<_>>(),
+        c.dirty_pages
+    );
+    assert!(c.dirty_pages > 0);
+}
