@@ -316,6 +316,17 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         "{e}"
     );
 
+    // A keyring that is not there.
+    let s = spec(ceph, &sock, "rbd", "exists", "").replace(
+        &format!("keyring={}", ceph.keyring.display()),
+        "keyring=/nonexistent/ceph.keyring",
+    );
+    let e = serve_fails(&s, limit);
+    assert!(
+        e.contains("cannot read the keyring /nonexistent/ceph.keyring"),
+        "{e}"
+    );
+
     // A keyring without the user's key at all.
     let s = spec(ceph, &sock, "rbd", "exists", "user=nobody");
     let e = serve_fails(&s, limit);

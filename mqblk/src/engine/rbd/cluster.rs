@@ -24,6 +24,14 @@ pub enum RbdError {
         /// Why.
         err: io::Error,
     },
+    /// The keyring could not be read.
+    #[error("cannot read the keyring {path}: {err} (keyring=)")]
+    Keyring {
+        /// keyring=.
+        path: String,
+        /// Why.
+        err: io::Error,
+    },
     /// No monitor answered within the timeout.
     #[error("no Ceph monitor answered within {timeout_s} s (mon_host {mon_host} from {conf}): is the cluster up and reachable?")]
     Unreachable {
@@ -196,6 +204,13 @@ impl Cluster {
             });
         }
         if let Some(k) = &cfg.keyring {
+            // librados would only say that it found no key, later, and name no file.
+            if let Err(err) = std::fs::File::open(k) {
+                return Err(RbdError::Keyring {
+                    path: k.display().to_string(),
+                    err,
+                });
+            }
             conf_set(rados, "keyring", &k.display().to_string())?;
         }
         let t = cfg.timeout_s.to_string();
