@@ -455,7 +455,9 @@ fn osd_outage_gives_errors_then_io_resumes() {
 }
 
 /// A Linux guest (QEMU, 2 queues) writes its pattern to an rbd export, drops its caches, reads
-/// it all back with O_DIRECT and buffered reads, and reports PASS.
+/// it all back with O_DIRECT and buffered reads, and reports PASS. The export runs with
+/// librbd's cache on (`direct=off`), so the guest's flushes and its write-through phase (each
+/// write followed by a flush before it completes) go through librbd's cache.
 #[test]
 fn guest_verifies_an_rbd_disk() {
     const QUEUES: usize = 2;
@@ -466,6 +468,7 @@ fn guest_verifies_an_rbd_disk() {
     let log = wd.path.join("mqblk.log");
     let mut spec = rbd_export(ceph, &wd.socket, "rbd", "guest")
         .queues(QUEUES)
+        .direct(false)
         .set("size", &(SECTORS * 512).to_string())
         .spec();
     spec.push_str(",serial=rbd");
@@ -519,6 +522,10 @@ fn guest_verifies_an_rbd_disk() {
             );
         }
     }
+    assert!(
+        console.contains("MQBLK-GUEST: write-through t="),
+        "the guest did not switch the disk to write-through:\n{console}"
+    );
     server.signal(libc::SIGTERM).unwrap();
     let exit = server.wait_timeout(SHUTDOWN_TIMEOUT).unwrap();
     assert!(
