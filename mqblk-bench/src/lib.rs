@@ -24,6 +24,7 @@ use serde::Serialize;
 use mqblk_client::Pattern;
 
 mod plot;
+pub mod rbd;
 mod report;
 pub mod run;
 
@@ -42,10 +43,24 @@ pub struct BenchArgs {
     #[arg(long, default_value = "baseline,mq,per-queue")]
     pub mode: String,
     /// Storage engine: null (completes at once, reads give zeros; QSD: null-co with
-    /// read-zeroes=on) or uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
-    /// cache.direct=on).
+    /// read-zeroes=on), uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
+    /// cache.direct=on) or rbd (the Ceph RBD image --rbd, librbd's cache off; QSD: rbd,
+    /// cache.direct=on; mqblk must be built with --features rbd).
     #[arg(long, default_value = "null")]
     pub engine: String,
+    /// The RBD image for the rbd engine, as POOL/IMAGE. Created at --size and filled with data
+    /// (by the rbd tool) if missing; an existing image is used at its size.
+    #[arg(long, value_name = "POOL/IMAGE")]
+    pub rbd: Option<String>,
+    /// ceph.conf of the rbd engine's cluster (default: librados's search, /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_conf: Option<PathBuf>,
+    /// Keyring for mqblk and the rbd tool (QSD's rbd driver reads the keyring ceph.conf names).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_keyring: Option<PathBuf>,
+    /// Ceph client name, without `client.`.
+    #[arg(long, default_value = "admin", value_name = "NAME")]
+    pub ceph_user: String,
     /// Raw image for the uring engine (default OUT/disk.img). Created and filled with data at
     /// --size if missing; an existing file is used at its size.
     #[arg(long, value_name = "FILE")]
@@ -192,6 +207,8 @@ pub enum EngineKind {
     Null,
     /// io_uring on a raw file with O_DIRECT.
     Uring,
+    /// A Ceph RBD image through librbd.
+    Rbd,
 }
 
 impl EngineKind {
@@ -200,6 +217,7 @@ impl EngineKind {
         match self {
             EngineKind::Null => "null",
             EngineKind::Uring => "uring",
+            EngineKind::Rbd => "rbd",
         }
     }
 }
@@ -210,7 +228,8 @@ impl FromStr for EngineKind {
         match s {
             "null" => Ok(EngineKind::Null),
             "uring" => Ok(EngineKind::Uring),
-            _ => Err(format!("unknown engine {s:?}: use null or uring")),
+            "rbd" => Ok(EngineKind::Rbd),
+            _ => Err(format!("unknown engine {s:?}: use null, uring or rbd")),
         }
     }
 }
@@ -319,6 +338,8 @@ pub struct BenchOptions {
     pub engine: EngineKind,
     /// Image file (uring engine).
     pub path: Option<PathBuf>,
+    /// The RBD image (rbd engine).
+    pub rbd: Option<rbd::RbdTarget>,
     /// Disk size in bytes (null engine, or a new image).
     pub size: u64,
     /// Workloads.
@@ -353,7 +374,9 @@ fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error>
 }
 
 /// Export keys the bench sets itself: `--mqblk-opts` may not override them.
-const RESERVED_KEYS: [&str; 6] = ["socket", "path", "engine", "size", "queues", "threads"];
+const RESERVED_KEYS: [&str; 8] = [
+    "socket", "path", "engine", "size", "queues", "threads", "pool", "image",
+];
 
 impl BenchOptions {
     /// Validates the command line.
@@ -376,12 +399,29 @@ impl BenchOptions {
         if !(1..=1000).contains(&a.repeat) {
             return Err(format!("--repeat {}: 1 to 1000", a.repeat));
         }
-        if engine == EngineKind::Null && backends.contains(&Backend::Native) {
+        if engine != EngineKind::Uring && backends.contains(&Backend::Native) {
             return Err("--backend native runs fio on a file: it needs --engine uring".into());
         }
-        if engine == EngineKind::Null && a.path.is_some() {
+        if engine != EngineKind::Uring && a.path.is_some() {
             return Err("--path is for --engine uring".into());
         }
+        let rbd = match (engine, &a.rbd) {
+            (EngineKind::Rbd, Some(spec)) => Some(rbd::RbdTarget::parse(
+                spec,
+                a.ceph_conf.clone(),
+                a.ceph_keyring.clone(),
+                &a.ceph_user,
+            )?),
+            (EngineKind::Rbd, None) => {
+                return Err(
+                    "--engine rbd needs --rbd POOL/IMAGE (and --ceph-conf PATH unless \
+                            /etc/ceph/ceph.conf names the cluster)"
+                        .into(),
+                )
+            }
+            (_, Some(_)) => return Err("--rbd is for --engine rbd".into()),
+            (_, None) => None,
+        };
         if !backends.contains(&Backend::Qsd) && a.qsd_iothread {
             return Err("--qsd-iothread without --backend qsd".into());
         }
@@ -417,6 +457,7 @@ impl BenchOptions {
             modes,
             engine,
             path: a.path.clone(),
+            rbd,
             size,
             workloads,
             jobs,
@@ -622,11 +663,12 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
     run::check_tools(opts)?;
     let image = match opts.engine {
         EngineKind::Uring => Some(run::prepare_image(opts)?),
-        EngineKind::Null => None,
+        EngineKind::Null | EngineKind::Rbd => None,
     };
-    let (image_path, size) = match &image {
-        Some((p, s)) => (Some(p.clone()), *s),
-        None => (None, opts.size),
+    let (image_path, size) = match (&image, &opts.rbd) {
+        (Some((p, s)), _) => (Some(p.clone()), *s),
+        (None, Some(rbd)) => (None, rbd.prepare(opts.size)?),
+        (None, None) => (None, opts.size),
     };
     let points = opts.points();
     ensure!(!points.is_empty(), "nothing to run");
@@ -784,6 +826,25 @@ mod tests {
         .unwrap();
         assert_eq!(o.mqblk_opts, vec!["poll=off".to_string(), String::new()]);
         assert_eq!(o.engine, EngineKind::Uring);
+        let e = BenchOptions::from_args(&args(&["--engine", "rbd"])).unwrap_err();
+        assert!(e.contains("--rbd POOL/IMAGE"), "{e}");
+        let e = BenchOptions::from_args(&args(&["--rbd", "rbd/x"])).unwrap_err();
+        assert!(e.contains("--engine rbd"), "{e}");
+        let o = BenchOptions::from_args(&args(&[
+            "--engine",
+            "rbd",
+            "--rbd",
+            "rbd/bench",
+            "--ceph-conf",
+            "/c",
+            "--backend",
+            "mqblk,qsd",
+        ]))
+        .unwrap();
+        assert_eq!(
+            o.rbd.as_ref().map(|r| r.spec()).as_deref(),
+            Some("rbd/bench")
+        );
     }
 
     #[test]

@@ -297,9 +297,23 @@ impl<'a> RunEnv<'a> {
             p.queues(),
             mode.threads()
         );
-        match (&self.image, o.engine) {
-            (Some(img), EngineKind::Uring) => {
+        match (&self.image, o.engine, &o.rbd) {
+            (Some(img), EngineKind::Uring, _) => {
                 spec.push_str(&format!(",engine=uring,path={},direct=on", img.display()))
+            }
+            (_, EngineKind::Rbd, Some(rbd)) => {
+                // A variant's own value of one of these keys (direct=off, conf=...) wins.
+                let variant = &o.mqblk_opts[p.variant];
+                for kv in rbd.mqblk_keys().split(',') {
+                    let key = kv.split('=').next().unwrap_or_default();
+                    if !variant
+                        .split(',')
+                        .any(|v| v.starts_with(&format!("{key}=")))
+                    {
+                        spec.push(',');
+                        spec.push_str(kv);
+                    }
+                }
             }
             _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
         }
@@ -331,6 +345,11 @@ impl<'a> RunEnv<'a> {
         // QEMU option syntax: a comma inside a value is written as two.
         let esc = |p: &Path| p.display().to_string().replace(',', ",,");
         let blockdev = match (&self.image, o.engine) {
+            (_, EngineKind::Rbd) => o
+                .rbd
+                .as_ref()
+                .expect("checked: --engine rbd has --rbd")
+                .qsd_blockdev(),
             (Some(img), EngineKind::Uring) => {
                 use std::os::unix::fs::FileTypeExt;
                 // QEMU's file driver refuses block devices: they take host_device.

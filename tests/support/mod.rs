@@ -2,6 +2,7 @@
 //! with `mod support;`; a test uses only part of it, hence `dead_code` is allowed here.
 //!
 //! - [`api`]: a client of the management API (JSON-RPC on `--api-socket`).
+//! - [`ceph`]: a single-node Ceph cluster (one monitor, one memstore OSD) for the rbd tests.
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
 //! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
@@ -10,16 +11,19 @@
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
+//! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 #![allow(dead_code)]
 
 pub mod api;
+pub mod ceph;
 pub mod daemon;
 pub mod frontend;
 pub mod mem;
 pub mod proc;
 pub mod qemu;
 pub mod qmp;
+pub mod raw;
 pub mod rng;
 pub mod systemd;

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use super::qos::{QosConfig, MAX_BURST_LENGTH, MAX_RATE};
+use super::rbd;
 use super::tuning::PollMode;
 use super::values::{parse_bool, parse_cpu_list, parse_size};
 use super::{EngineKind, ExportConfig, Threads, MAX_QUEUES, MAX_SERIAL_LEN};
@@ -82,6 +83,7 @@ const IOPS: &str = "an integer from 0 to 1000000000000000 (requests per second; 
 const BPS: &str =
     "bytes per second from 0 to 1000000000000000, with optional K/M/G/T suffix (0: no limit)";
 const SECONDS: &str = "an integer from 1 to 1000000000 (seconds)";
+const RBD_NAME: &str = "a non-empty name of at most 255 characters without '/', '@', ',' or '='";
 
 /// Every export key, in the order the help and the README list them.
 pub const KEYS: &[Key] = &[
@@ -131,24 +133,102 @@ pub const KEYS: &[Key] = &[
     },
     Key {
         name: "engine",
-        value: "uring|null|mem",
-        help: "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk",
-        allowed: "uring, null or mem",
+        value: "uring|null|mem|rbd",
+        help: "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature)",
+        allowed: "uring, null, mem or rbd",
         apply: |c, v| {
             c.engine = match v {
                 "uring" => EngineKind::Uring,
                 "null" => EngineKind::Null,
                 "mem" => EngineKind::Mem,
+                "rbd" => EngineKind::Rbd,
                 _ => return None,
             };
             Some(())
         },
-        show: |c| Some(match c.engine { EngineKind::Uring => "uring", EngineKind::Null => "null", EngineKind::Mem => "mem" }.into()),
+        show: |c| Some(match c.engine { EngineKind::Uring => "uring", EngineKind::Null => "null", EngineKind::Mem => "mem", EngineKind::Rbd => "rbd" }.into()),
+    },
+    Key {
+        name: "pool",
+        value: "NAME",
+        help: "engine=rbd: the RADOS pool holding the image (required)",
+        allowed: RBD_NAME,
+        apply: |c, v| {
+            c.rbd.pool = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
+            Some(())
+        },
+        show: |c| c.rbd.pool.clone(),
+    },
+    Key {
+        name: "image",
+        value: "NAME",
+        help: "engine=rbd: the RBD image (required); with `size=` it is created if missing",
+        allowed: RBD_NAME,
+        apply: |c, v| {
+            c.rbd.image = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
+            Some(())
+        },
+        show: |c| c.rbd.image.clone(),
+    },
+    Key {
+        name: "namespace",
+        value: "NAME",
+        help: "engine=rbd: the RADOS namespace within the pool (default: the pool's default namespace)",
+        allowed: RBD_NAME,
+        apply: |c, v| {
+            c.rbd.namespace = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
+            Some(())
+        },
+        show: |c| c.rbd.namespace.clone(),
+    },
+    Key {
+        name: "conf",
+        value: "PATH",
+        help: "engine=rbd: the ceph.conf naming the monitors (default: librados's search, /etc/ceph/ceph.conf first)",
+        allowed: "a path",
+        apply: |c, v| {
+            c.rbd.conf = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
+            Some(())
+        },
+        show: |c| c.rbd.conf.as_ref().map(|p| p.display().to_string()),
+    },
+    Key {
+        name: "user",
+        value: "NAME",
+        help: "engine=rbd: the Ceph client name without `client.` (default admin, as in QEMU's rbd driver)",
+        allowed: "a Ceph client name: 1 to 64 letters, digits, '-', '_' or '.'",
+        apply: |c, v| {
+            c.rbd.user = Some(v.to_string()).filter(|_| valid_name(v))?;
+            Some(())
+        },
+        show: |c| Some(c.rbd.user.clone()),
+    },
+    Key {
+        name: "keyring",
+        value: "PATH",
+        help: "engine=rbd: the keyring holding the user's key (default: the one ceph.conf names, else /etc/ceph/ceph.client.USER.keyring)",
+        allowed: "a path",
+        apply: |c, v| {
+            c.rbd.keyring = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
+            Some(())
+        },
+        show: |c| c.rbd.keyring.as_ref().map(|p| p.display().to_string()),
+    },
+    Key {
+        name: "timeout",
+        value: "SECONDS",
+        help: "engine=rbd: longest wait for the cluster: connecting at start, and each request, which then fails with an I/O error (default 30)",
+        allowed: "an integer from 1 to 3600 (seconds)",
+        apply: |c, v| {
+            c.rbd.timeout_s = int(v, 1, 3600)? as u32;
+            Some(())
+        },
+        show: |c| Some(c.rbd.timeout_s.to_string()),
     },
     Key {
         name: "size",
         value: "BYTES",
-        help: "capacity, K/M/G/T suffixes (needed for null and mem; must match an existing image)",
+        help: "capacity, K/M/G/T suffixes (needed for null and mem; must match an existing image; creates a missing file or RBD image)",
         allowed: "a positive multiple of 512 bytes, with optional K/M/G/T suffix",
         apply: |c, v| {
             c.size = Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?);
@@ -218,7 +298,7 @@ pub const KEYS: &[Key] = &[
     Key {
         name: "direct",
         value: "on|off",
-        help: "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`)",
+        help: "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`); with engine=rbd, on turns librbd's cache off (as QEMU's `cache.direct=on` does) and off turns it on",
         allowed: ON_OFF,
         apply: |c, v| {
             c.direct = parse_bool(v)?;
@@ -630,13 +710,19 @@ mod tests {
     /// the export.
     #[test]
     fn an_export_round_trips_through_its_pairs() {
-        for spec in [
+        let rbd_specs = [
+            "socket=/run/f.sock,engine=rbd,pool=p,image=i,namespace=n,conf=/etc/ceph/x.conf,user=u,keyring=/k,timeout=5,size=1G,direct=off",
+            "socket=/run/g.sock,engine=rbd,pool=p,image=i",
+        ];
+        // engine=rbd parses only in a build that can serve it.
+        let rbd_specs = if rbd::BUILT { &rbd_specs[..] } else { &[] };
+        for spec in rbd_specs.iter().copied().chain([
             "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,queue-size=256,id=disk-1",
             "socket=/run/b.sock,engine=null,size=1G",
             "socket=/run/c.sock,engine=mem,size=64M,threads=per-queue",
             "socket=/run/d.sock,engine=null,size=1G,iops-read=100,iops-read-max=1000,iops-read-max-length=60,iops-write=50,iops-write-max=60,bps-total=1048576,bps-total-max=2097152,bps-total-max-length=3,iops-size=4096,group=g",
             "socket=/run/e.sock,engine=null,size=1G,iops-total=5,iops-total-max=6,iops-total-max-length=2,bps-read=7,bps-read-max=8,bps-read-max-length=9,bps-write=10,bps-write-max=11,bps-write-max-length=12",
-        ] {
+        ]) {
             let cfg = super::super::parse_export_spec(spec).unwrap();
             let again = ExportConfig::from_pairs(pairs(&cfg)).unwrap();
             assert_eq!(again, cfg, "{spec}");

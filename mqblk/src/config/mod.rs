@@ -6,6 +6,7 @@
 
 pub mod keys;
 pub mod qos;
+pub mod rbd;
 pub mod tuning;
 pub mod values;
 
@@ -15,6 +16,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 pub use qos::QosConfig;
+pub use rbd::RbdConfig;
 pub use tuning::{PollMode, Tuning};
 pub use values::{parse_bool, parse_cpu_list, parse_size};
 
@@ -43,6 +45,9 @@ pub enum ConfigError {
     /// A key given twice.
     #[error("key '{0}' is given twice")]
     Duplicate(String),
+    /// A value this build cannot serve.
+    #[error("{0}")]
+    NotBuilt(&'static str),
     /// A required key is absent.
     #[error("{0}")]
     Required(&'static str),
@@ -106,6 +111,8 @@ pub enum EngineKind {
     Null,
     /// A RAM disk (a memfd served through the io_uring engine).
     Mem,
+    /// A Ceph RBD image through librbd (a build with the `rbd` feature).
+    Rbd,
 }
 
 /// How the export's queues map to I/O threads.
@@ -152,6 +159,8 @@ pub struct ExportConfig {
     pub tuning: Tuning,
     /// QoS limits and throttle group; `None` when no QoS key is given.
     pub qos: Option<QosConfig>,
+    /// The RBD image and cluster (engine=rbd).
+    pub rbd: RbdConfig,
 }
 
 impl Default for ExportConfig {
@@ -173,6 +182,7 @@ impl Default for ExportConfig {
             serial: "mqblk".into(),
             tuning: Tuning::default(),
             qos: None,
+            rbd: RbdConfig::default(),
         }
     }
 }
@@ -258,7 +268,24 @@ impl ExportConfig {
                     "size=BYTES is required with engine=null and engine=mem",
                 ))
             }
+            EngineKind::Rbd => self.rbd.check()?,
             _ => {}
+        }
+        if self.engine != EngineKind::Rbd {
+            let default = ExportConfig::default();
+            for name in rbd::KEYS {
+                let key = keys::key(name).expect("rbd keys are in the table");
+                if let Some(value) = key
+                    .show(self)
+                    .filter(|v| Some(v) != key.show(&default).as_ref())
+                {
+                    return Err(ConfigError::Conflict {
+                        key: key.name,
+                        value,
+                        why: "only engine=rbd takes this key".into(),
+                    });
+                }
+            }
         }
         if !self.cpus.is_empty() && self.cpus.len() < self.num_threads() {
             return Err(ConfigError::Invalid {
@@ -534,7 +561,7 @@ mod tests {
         assert!(e("socket=s,engine=null").contains("size=BYTES is required"));
         assert!(
             e("socket=s,engine=foo").contains("engine=foo")
-                && e("socket=s,engine=foo").contains("uring, null or mem")
+                && e("socket=s,engine=foo").contains("uring, null, mem or rbd")
         );
         assert!(e("socket=s,path=p,queues=0").contains("queues"));
         assert!(e("socket=s,path=p,queues=65").contains("1 to 64"));
@@ -603,6 +630,38 @@ mod tests {
         .unwrap();
         let q = ex[0].qos.as_ref().unwrap();
         assert_eq!((q.iops_total.rate, q.iops_total.max), (2000, 4000));
+    }
+
+    #[test]
+    fn rbd_keys() {
+        let e = |s: &str| parse_export_spec(s).unwrap_err().to_string();
+        let rbd_only = e("socket=s,path=p,pool=rbd");
+        assert!(
+            rbd_only.contains("invalid pool=rbd") && rbd_only.contains("engine=rbd"),
+            "{rbd_only}"
+        );
+        assert!(e("socket=s,path=p,timeout=5").contains("only engine=rbd"));
+        assert!(e("socket=s,engine=rbd,pool=a/b,image=i").contains("invalid pool=a/b"));
+        assert!(e("socket=s,engine=rbd,pool=p,image=i,timeout=0").contains("1 to 3600"));
+        assert!(e("socket=s,engine=rbd,pool=p,image=i,user=a b").contains("invalid user=a b"));
+        if rbd::BUILT {
+            assert!(
+                e("socket=s,engine=rbd,pool=p").contains("pool=NAME and image=NAME are required")
+            );
+            let c = parse_export_spec(
+                "socket=s,engine=rbd,pool=p,image=i,namespace=n,conf=/c,keyring=/k",
+            )
+            .unwrap();
+            assert_eq!(c.rbd.spec(), "p/n/i");
+            assert_eq!(
+                (c.rbd.user.as_str(), c.rbd.timeout_s),
+                ("admin", rbd::DEFAULT_TIMEOUT_S)
+            );
+            assert_eq!(c.rbd.keyring.as_deref(), Some(std::path::Path::new("/k")));
+        } else {
+            let msg = e("socket=s,engine=rbd,pool=p,image=i");
+            assert!(msg.contains("--features rbd"), "{msg}");
+        }
     }
 
     #[test]

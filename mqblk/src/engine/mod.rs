@@ -14,6 +14,8 @@
 
 mod mem;
 mod null;
+#[cfg(feature = "rbd")]
+pub mod rbd;
 mod uring;
 
 use std::io;
@@ -175,6 +177,13 @@ pub enum OpenError {
     /// The image is smaller than one sector.
     #[error("{0} is smaller than 512 bytes")]
     TooSmall(String),
+    /// The Ceph cluster, pool or image of an rbd export.
+    #[cfg(feature = "rbd")]
+    #[error(transparent)]
+    Rbd(#[from] rbd::RbdError),
+    /// An engine this build does not have.
+    #[error("engine={0} is not in this build of mqblk: build it with --features {0}")]
+    NotBuilt(&'static str),
     /// Any other I/O error, with context.
     #[error("{what} {path}: {err}")]
     Io {
@@ -200,6 +209,11 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
                 .expect("config checked: uring has a path");
             Box::new(uring::open_file(path, cfg.size, cfg.readonly, cfg.direct)?)
         }
+        #[cfg(feature = "rbd")]
+        EngineKind::Rbd => Box::new(rbd::open(cfg)?),
+        // The config refuses engine=rbd in such a build; an engine built by hand gets this.
+        #[cfg(not(feature = "rbd"))]
+        EngineKind::Rbd => return Err(OpenError::NotBuilt("rbd")),
     })
 }
 
