@@ -92,7 +92,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
     let base = format!("socket={},path={}", sock.display(), img.display());
     let null = format!("socket={},engine=null,size=1M", sock.display());
     // (spec, what the message must say)
-    let cases: Vec<(String, Vec<&str>)> = vec![
+    let mut cases: Vec<(String, Vec<&str>)> = vec![
         (
             format!("{base},colour=blue"),
             vec!["unknown key 'colour'", "known keys"],
@@ -112,7 +112,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ),
         (
             format!("{base},engine=floppy"),
-            vec!["invalid engine=floppy", "uring, null or mem"],
+            vec!["invalid engine=floppy", "uring, null, mem or rbd"],
         ),
         (
             format!("socket={},engine=null", sock.display()),
@@ -225,6 +225,17 @@ fn bad_export_values_are_refused_with_the_key_named() {
             vec!["invalid iops-total-max=500", "needs iops-total"],
         ),
     ];
+    // Without the rbd feature (the default build) engine=rbd is a known engine that this
+    // build cannot serve, and the message says how to get one that can.
+    if !cfg!(feature = "rbd") {
+        cases.push((
+            format!("socket={},engine=rbd,pool=p,image=i", sock.display()),
+            vec![
+                "engine=rbd needs mqblk built with the rbd feature",
+                "--features rbd",
+            ],
+        ));
+    }
     for (spec, want) in &cases {
         let line = serve_fails(&export_arg(spec), |_| {});
         says(&line, want, spec);
