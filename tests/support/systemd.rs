@@ -95,19 +95,27 @@ impl NotifySocket {
 /// Makes `cmd`'s child see `fds` as descriptors 3, 4, ... (open across exec), as systemd
 /// hands over the sockets of a socket unit. The caller keeps `fds` open until the child runs.
 pub fn pass_fds(cmd: &mut Command, fds: &[RawFd]) {
-    let fds = fds.to_vec();
-    // SAFETY: the closure runs in the forked child before exec and calls only dup2 and fcntl,
-    // which are async-signal-safe; it allocates nothing (`fds` was built before the fork).
+    let mut fds = fds.to_vec();
+    // Above every target: no copy made in the first pass can be overwritten by the second.
+    let above = LISTEN_FDS_START + fds.len() as RawFd;
+    // SAFETY: the closure runs in the forked child before exec and calls only fcntl and dup2,
+    // which are async-signal-safe; it allocates nothing (`fds` was built before the fork and is
+    // only overwritten in place).
     unsafe {
         cmd.pre_exec(move || {
+            // First move every descriptor out of the way (close-on-exec copies, gone at exec):
+            // a descriptor that already is one of the targets 3, 4, ... would otherwise be
+            // overwritten before it is handed over.
+            for fd in fds.iter_mut() {
+                let copy = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above);
+                if copy < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                *fd = copy;
+            }
+            // Then into place; dup2's copy is open across exec.
             for (i, &fd) in fds.iter().enumerate() {
-                let target = LISTEN_FDS_START + i as RawFd;
-                if fd == target {
-                    // dup2 onto itself would leave FD_CLOEXEC set.
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(fd, target) < 0 {
+                if libc::dup2(fd, LISTEN_FDS_START + i as RawFd) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
