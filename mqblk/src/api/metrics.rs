@@ -297,6 +297,21 @@ impl Collector for Snapshot {
         )?;
         counter(
             enc,
+            "mqblk_dirty_pages_total",
+            "Guest pages marked in the frontend's dirty log while it live-migrates the VM.",
+            exports.iter().map(|e| (export(e), e.counters.dirty_pages)),
+        )?;
+        counter(
+            enc,
+            "mqblk_dirty_log_misses_total",
+            "Pages written beyond the frontend's dirty log (a log too small for guest memory): \
+             the migration may not copy them.",
+            exports
+                .iter()
+                .map(|e| (export(e), e.counters.dirty_log_misses)),
+        )?;
+        counter(
+            enc,
             "mqblk_thread_submits_total",
             "io_uring_enter calls that handed I/O to the engine; \
              mqblk_thread_submitted_requests_total over this is the requests per submit.",
@@ -397,6 +412,7 @@ mod tests {
         a.counters
             .count_request(ReqType::Read, false, 4096, 3_000_000);
         a.counters.engine_in_flight_ns = 2_500_000_000;
+        a.counters.dirty_pages = 7;
         a.per_thread[1].poll_hits = 9;
         let b = status("b", 1);
         let text = encode(&[a, b]).unwrap();
@@ -468,6 +484,14 @@ mod tests {
         assert_eq!(
             samples(&text, "mqblk_capacity_bytes")[1],
             (r#"export="b"}"#, "1073741824")
+        );
+        assert_eq!(
+            samples(&text, "mqblk_dirty_pages_total")[0],
+            (r#"export="vm-1"}"#, "7")
+        );
+        assert_eq!(
+            samples(&text, "mqblk_dirty_log_misses_total")[1],
+            (r#"export="b"}"#, "0")
         );
         assert_eq!(samples(&text, "mqblk_connected_frontends").len(), 2);
         assert_eq!(samples(&text, "mqblk_in_flight_requests")[0].1, "2");
