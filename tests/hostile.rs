@@ -1124,6 +1124,7 @@ fn mem_region_larger_than_its_file_does_not_kill_the_daemon() {
     let mut g = Guest::new();
     // Shrink the memfd to 64 KiB but keep claiming a full 1 MiB region. A well-formed message:
     // the Frontend sends it.
+    // SAFETY: ftruncate on the guest memfd this test owns; shrinking it is the hostile act here.
     assert_eq!(unsafe { libc::ftruncate(g.fd(), 64 * 1024) }, 0);
     g.regions = vec![(0, MIB, 0)];
     let r = answer(c.fe.set_mem_table(&g.mem_table(&[])));
