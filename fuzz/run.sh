@@ -19,8 +19,9 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
-targets=(parse_request raw_bytes)
-declare -A max_len=([parse_request]=1024 [raw_bytes]=1100)
+targets=(parse_request raw_bytes dirty_log)
+# dirty_log: its LogInput decodes from 600 bytes; more is ignored.
+declare -A max_len=([parse_request]=1024 [raw_bytes]=1100 [dirty_log]=640)
 
 start=$(date +%s)
 mkdir -p target

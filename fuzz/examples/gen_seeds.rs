@@ -4,7 +4,8 @@
 //! with [`Encode`] (the inverse of the fuzz target's `arbitrary` decoding), so libFuzzer starts
 //! from inputs that reach deep into the parser instead of from random bytes. The generator also
 //! runs every seed through the harness and prints what it popped and accepted, and fails if a
-//! seed meant to be valid is not.
+//! seed meant to be valid is not. The `dirty_log` seeds likewise: each must be mapped or
+//! refused the way its scenario says.
 
 use std::path::Path;
 
@@ -268,6 +269,190 @@ fn raw_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Seeds of the `dirty_log` target: the logs QEMU and Cloud Hypervisor hand over, unaligned
+/// ones, a frontend that resizes the file, each way a log is refused, and guest ranges inside,
+/// across the end of, far beyond and wrapping past the log.
+mod log_seeds {
+    use mqblk_fuzz::dirty_log::*;
+
+    /// `Num` values (see `Num::resolve`).
+    pub fn tiny(n: u64) -> Num {
+        Num { sel: 0, raw: n }
+    }
+    pub fn bytes(n: u64) -> Num {
+        Num { sel: 1, raw: n }
+    }
+    /// `p` pages plus `off` bytes.
+    pub fn pages(p: u16, off: u16) -> Num {
+        Num {
+            sel: 2,
+            raw: u64::from(p) | (u64::from(off) << 16),
+        }
+    }
+    /// The edge (`near`) plus `d` bytes.
+    pub fn edge(d: i16) -> Num {
+        Num {
+            sel: 3,
+            raw: d as u16 as u64,
+        }
+    }
+    /// The edge plus `d` pages.
+    pub fn edge_pages(d: i16) -> Num {
+        Num {
+            sel: 4,
+            raw: d as u16 as u64,
+        }
+    }
+    pub fn raw(n: u64) -> Num {
+        Num { sel: 5, raw: n }
+    }
+    /// `u64::MAX - k`.
+    pub fn top(k: u16) -> Num {
+        Num {
+            sel: 6,
+            raw: u64::from(k),
+        }
+    }
+    /// `2^e + d`.
+    pub fn pow2(e: u8, d: i8) -> Num {
+        Num {
+            sel: 7,
+            raw: u64::from(e) | (u64::from(d as u8) << 8),
+        }
+    }
+
+    fn m(gpa: Num, len: Num) -> Mark {
+        Mark { gpa, len }
+    }
+
+    fn log(file_len: u16, flags: u8, offset: Num, size: Num, marks: &[Mark]) -> LogInput {
+        let mut i = LogInput {
+            file_len,
+            flags,
+            offset,
+            size,
+            nmarks: marks.len() as u8,
+            ..LogInput::default()
+        };
+        i.marks[..marks.len()].copy_from_slice(marks);
+        i
+    }
+
+    /// What an I/O thread marks: a status byte, a 4 KiB read, a 64 KiB read across pages, a
+    /// used ring, the log's last page, a range across its end, one far beyond, one wrapping.
+    fn io_marks() -> Vec<Mark> {
+        vec![
+            m(pages(3, 17), tiny(1)),
+            m(pages(8, 0), pages(1, 0)),
+            m(pages(100, 512), pages(16, 0)),
+            m(pages(2, 0x100), bytes(6 + 8 * 256)),
+            m(edge_pages(-1), edge(0)),
+            m(edge_pages(-2), pages(5, 0)),
+            m(pow2(40, 0), pages(1, 0)),
+            m(top(10), tiny(20)),
+        ]
+    }
+
+    /// `i`, which the frontend resizes to `to` bytes once it is mapped.
+    fn resized(mut i: LogInput, to: u16) -> LogInput {
+        i.flags |= RESIZE;
+        i.resize = to;
+        i
+    }
+
+    pub fn seeds() -> Vec<(&'static str, LogInput, Expect)> {
+        use Expect::*;
+        let io = io_marks();
+        let everything = [m(tiny(0), raw(u64::MAX)), m(tiny(1), top(0))];
+        vec![
+            // QEMU: a page-rounded memfd sealed against shrinking; 32 KiB covers 1 GiB.
+            (
+                "qemu",
+                log(32768, SEAL_SHRINK, tiny(0), bytes(32768), &io),
+                Mapped,
+            ),
+            // Cloud Hypervisor: a memfd that allows sealing; mqblk seals it.
+            (
+                "cloud_hypervisor",
+                log(4096, 0, tiny(0), edge(0), &io),
+                Mapped,
+            ),
+            (
+                "shrink_and_seal",
+                log(8192, SEAL_SHRINK | SEAL_SEAL, tiny(0), bytes(100), &io),
+                Mapped,
+            ),
+            // Not page-aligned: the log shares its page with bytes that must stay untouched.
+            (
+                "unaligned_offset",
+                log(8192, 0, bytes(100), tiny(2), &io),
+                Mapped,
+            ),
+            (
+                "offset_in_second_page",
+                log(12288, SEAL_GROW, bytes(4096 + 17), bytes(4000), &io),
+                Mapped,
+            ),
+            (
+                "last_byte_of_file",
+                log(65535, 0, edge(-1), tiny(1), &io),
+                Mapped,
+            ),
+            // The frontend resizes a mapped log: shrinking must fail, growing is its business.
+            (
+                "shrink_mapped",
+                resized(log(16384, 0, tiny(0), bytes(16384), &io), 0),
+                Mapped,
+            ),
+            (
+                "grow_mapped",
+                resized(log(4096, 0, bytes(1000), bytes(3000), &io), 65535),
+                Mapped,
+            ),
+            (
+                "grow_sealed",
+                resized(log(4096, SEAL_GROW, tiny(0), bytes(4096), &io), 8192),
+                Mapped,
+            ),
+            (
+                "mark_everything",
+                log(1024, 0, tiny(0), edge(0), &everything),
+                Mapped,
+            ),
+            // Refused.
+            (
+                "no_sealing",
+                log(4096, NO_SEALING, tiny(0), bytes(4096), &io),
+                Unsealable,
+            ),
+            (
+                "sealed_against_seals",
+                log(4096, SEAL_SEAL, tiny(0), bytes(4096), &io),
+                Unsealable,
+            ),
+            (
+                "write_sealed",
+                log(4096, SEAL_SHRINK | SEAL_WRITE, tiny(0), bytes(4096), &io),
+                Map,
+            ),
+            (
+                "future_write_sealed",
+                log(4096, SEAL_FUTURE_WRITE, tiny(0), bytes(64), &io),
+                Map,
+            ),
+            ("past_end", log(4096, 0, bytes(4000), edge(1), &io), PastEnd),
+            ("offset_wraps", log(4096, 0, top(0), tiny(2), &io), PastEnd),
+            ("empty_file", log(0, 0, tiny(0), tiny(1), &io), PastEnd),
+            ("size_zero", log(4096, 0, tiny(0), tiny(0), &io), Size),
+            (
+                "size_over_1g",
+                log(4096, 0, tiny(0), pow2(30, 1), &io),
+                Size,
+            ),
+        ]
+    }
+}
+
 fn main() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
     let pr = dir.join("parse_request");
@@ -293,6 +478,21 @@ fn main() {
             assert!(ok > 0, "{name} was meant to hold a valid request");
         }
         std::fs::write(pr.join(name), bytes).unwrap();
+    }
+    let dl = dir.join("dirty_log");
+    std::fs::create_dir_all(&dl).unwrap();
+    for (name, input, want) in log_seeds::seeds() {
+        use mqblk_fuzz::dirty_log::{run_dirty_log, LogInput};
+        let bytes = input.to_bytes();
+        assert_eq!(
+            LogInput::from_bytes(&bytes).as_ref(),
+            Some(&input),
+            "{name}: encoding"
+        );
+        let out = run_dirty_log(&input);
+        println!("dirty_log/{name}: {} bytes, {out:?}", bytes.len());
+        assert_eq!(out.map, want, "{name}: map");
+        std::fs::write(dl.join(name), bytes).unwrap();
     }
     for (name, bytes) in raw_seeds() {
         let ok = run_raw(&bytes);

@@ -14,9 +14,14 @@
 //! `raw_bytes` feeds plain bytes straight to the parser as a descriptor list over a fixed memory
 //! map: cheap, and good at finding arithmetic panics.
 //!
+//! `dirty_log` (module [`dirty_log`]) maps the live-migration dirty log from a hostile
+//! frontend's memfd and marks a hostile guest's ranges in it, against a plain bitmap model.
+//!
 //! The input is decoded by `arbitrary`'s derive: fields in order, integers little-endian, bools
 //! from the low bit of a byte, zeros once the data runs out. [`Encode`] is the inverse, used by
 //! `examples/gen_seeds.rs` to write the committed seed corpus.
+
+pub mod dirty_log;
 
 use arbitrary::Arbitrary;
 use mqblk::blk::chain::ChainWalker;
@@ -367,7 +372,10 @@ pub fn map_like_io_thread(mem: &Mem, segs: &[Segment]) {
         assert_eq!(mapped, want, "partial mapping of {segs:?}");
         assert!(iovs.len() <= IOV_MAX);
         for s in segs {
-            assert!(inside(s) || s.len == 0, "segment outside memory mapped: {s:?}");
+            assert!(
+                inside(s) || s.len == 0,
+                "segment outside memory mapped: {s:?}"
+            );
         }
     } else {
         assert!(
