@@ -123,7 +123,8 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
     Ok((path, opts.size))
 }
 
-/// Where a run keeps its sockets, stats files and logs.
+/// Where a run keeps its sockets, stats files and logs (sockets and stats files in a tmpfs
+/// when the machine has /dev/shm).
 pub struct RunEnv<'a> {
     opts: &'a BenchOptions,
     image: Option<PathBuf>,
@@ -137,10 +138,19 @@ pub struct RunEnv<'a> {
 impl<'a> RunEnv<'a> {
     /// Prepares the socket and log directories.
     pub fn new(opts: &'a BenchOptions, image: Option<PathBuf>, size: u64) -> anyhow::Result<Self> {
-        let tmp = tempfile::Builder::new()
-            .prefix("mqblk-bench")
-            .tempdir()
-            .context("creating a temporary directory for sockets")?;
+        // On a tmpfs when there is one: mqblk rewrites its stats file here every 100 ms, and
+        // on the image's ext4 each rewrite's journal commit stalls the O_DIRECT writes under
+        // test (their mtime update waits for it): randwrite-4k QD32 measured 44k IOPS with the
+        // stats in /tmp on the image's disk against 77k with them in /dev/shm.
+        let shm = Path::new("/dev/shm");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("mqblk-bench");
+        let tmp = if shm.is_dir() {
+            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
+        } else {
+            builder.tempdir()
+        }
+        .context("creating a temporary directory for sockets and stats files")?;
         let logs = opts.out.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         Ok(RunEnv {
