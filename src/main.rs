@@ -38,7 +38,9 @@ enum Cmd {
         /// Log level: error, warn, info, debug or trace (or a tracing filter).
         #[arg(long, value_name = "LEVEL")]
         log_level: Option<String>,
-        /// Rewrite this file with the exports' counters (JSON) every 100 ms, and at exit.
+        /// Rewrite this file with the exports' counters (JSON) every 100 ms, and at exit. Put
+        /// it on a tmpfs (/run): on an image's filesystem its rewrites stall that image's
+        /// writes (mqblk warns).
         #[arg(long, value_name = "PATH")]
         stats_file: Option<PathBuf>,
         /// Serve the management API (JSON-RPC 2.0, one object per line) on this unix socket,

@@ -134,6 +134,7 @@ fn start_all(
 fn wait_for_stop(running: &Exports, opts: &ServeOptions) -> String {
     let watchdog = systemd::watchdog_interval();
     let stats = opts.stats_file.as_ref().map(|p| (p, stats::INTERVAL));
+    let mut shared_fs = stats::SharedFilesystemCheck::default();
     let mut next_stats = Instant::now();
     let mut next_ping = Instant::now();
     let mut unhealthy_logged = false;
@@ -141,7 +142,10 @@ fn wait_for_stop(running: &Exports, opts: &ServeOptions) -> String {
         let now = Instant::now();
         if let Some((path, every)) = stats {
             if now >= next_stats {
-                running.each(|e| stats::write(e, path));
+                running.each(|e| {
+                    shared_fs.check(e, path);
+                    stats::write(e, path)
+                });
                 next_stats = now + every;
             }
         }

@@ -1,5 +1,7 @@
 //! `mqblk serve --stats-file`: the exports' counters as JSON, rewritten atomically.
 
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -55,5 +57,74 @@ pub fn write(running: &[Export], path: &Path) {
     let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = r {
         tracing::warn!(path = %path.display(), err = %e, "cannot write the stats file");
+    }
+}
+
+/// Warns, once per export, when the stats file lies on the same filesystem as the export's
+/// image file. Each rewrite (create, write, rename) is a metadata transaction of that
+/// filesystem's journal, and an O_DIRECT write to the image updates the file's mtime, which
+/// waits for the journal's commit: on ext4 under 4k random writes at QD32 the I/O thread's
+/// submissions stalled 25-300 ms every 100 ms, and the rate fell from 77k to 44k IOPS. A
+/// tmpfs (`/run`) has no journal.
+#[derive(Default)]
+pub struct SharedFilesystemCheck {
+    checked: HashSet<String>,
+}
+
+impl SharedFilesystemCheck {
+    /// Checks the exports of `running` not seen before against the stats file `path`.
+    pub fn check(&mut self, running: &[Export], path: &Path) {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        for e in running {
+            let cfg = e.device().config();
+            if !self.checked.insert(cfg.id.clone()) {
+                continue;
+            }
+            let Some(image) = cfg.path.as_deref() else {
+                continue;
+            };
+            if shares_filesystem(dir, image) {
+                tracing::warn!(
+                    export = %cfg.id,
+                    stats_file = %path.display(),
+                    image = %image.display(),
+                    "the stats file is on the same filesystem as this export's image: its \
+                     rewrites every 100 ms journal metadata, which stalls writes to the image; \
+                     put the stats file on a tmpfs such as /run"
+                );
+            }
+        }
+    }
+}
+
+/// Whether the directory `dir` and the regular file `image` are on one filesystem.
+fn shares_filesystem(dir: &Path, image: &Path) -> bool {
+    match (std::fs::metadata(dir), std::fs::metadata(image)) {
+        (Ok(d), Ok(i)) => i.is_file() && d.dev() == i.dev(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_shares_its_directorys_filesystem_and_not_procs() {
+        let dir = std::env::temp_dir();
+        let image = dir.join(format!("mqblk-stats-fs-{}", std::process::id()));
+        std::fs::write(&image, b"x").unwrap();
+        assert!(shares_filesystem(&dir, &image));
+        assert!(!shares_filesystem(Path::new("/proc"), &image));
+        // A device node or a missing path is not an image file on that filesystem.
+        assert!(!shares_filesystem(
+            Path::new("/dev"),
+            Path::new("/dev/null")
+        ));
+        assert!(!shares_filesystem(&dir, &dir.join("mqblk-no-such-file")));
+        std::fs::remove_file(&image).unwrap();
     }
 }
