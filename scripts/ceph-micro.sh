@@ -1,31 +1,26 @@
 #!/usr/bin/env bash
 # A single-node Ceph cluster for trying the rbd engine and for `mqblk bench --engine rbd`: one
 # monitor and one memstore OSD with cephx, on a free loopback port, everything under DIR, and a
-# pool `rbd`. The same cluster as the tests' helper (tests/support/ceph.rs); keep them alike.
+# pool `rbd`. The tests' helper (tests/support/ceph.rs) starts its clusters from the ceph.conf
+# this script writes (`conf`), so that the two cannot drift apart.
 #
-#   scripts/ceph-micro.sh start DIR   # prints the conf and keyring to pass (conf=, keyring=)
+#   scripts/ceph-micro.sh start DIR             # prints the conf and keyring to pass (conf=, keyring=)
 #   scripts/ceph-micro.sh stop DIR
+#   scripts/ceph-micro.sh conf DIR PORT FSID    # only writes DIR/ceph.conf
 #
+# MEMSTORE_BYTES sets the size of the OSD's memory store (default 4 GiB).
 # Needs Debian's ceph-mon and ceph-osd (bash .ci/setup installs them).
 set -euo pipefail
+usage() { echo "usage: $0 start|stop DIR, or $0 conf DIR PORT FSID" >&2; exit 2; }
 cmd=${1:-}; d=${2:-}
-[ -n "$cmd" ] && [ -n "$d" ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
-for t in ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd; do
-  command -v "$t" >/dev/null || { echo "$t not found: apt-get install ceph-mon ceph-osd (or bash .ci/setup)" >&2; exit 1; }
-done
-if [ "$cmd" = stop ]; then
-  for p in osd mon; do
-    [ -f "$d/$p.pid" ] && kill "$(cat "$d/$p.pid")" 2>/dev/null || true
-  done
-  exit 0
-fi
-[ "$cmd" = start ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
-[ ! -e "$d/ceph.conf" ] || { echo "$d already holds a cluster: stop it and remove $d first" >&2; exit 1; }
-mkdir -p "$d"/{run,mon,osd}
-d=$(cd "$d" && pwd)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-fsid=$(cat /proc/sys/kernel/random/uuid)
-cat > "$d/ceph.conf" <<EOC
+[ -n "$cmd" ] && [ -n "$d" ] || usage
+
+# The cluster's ceph.conf: everything under DIR, loopback only, one replica; the OSD keeps its
+# objects in memory and writes them to DIR/osd when it stops cleanly (osd_fast_shutdown off),
+# so that a stopped and restarted OSD keeps its data.
+write_conf() {
+  local d=$1 port=$2 fsid=$3
+  cat > "$d/ceph.conf" <<EOC
 [global]
 fsid = $fsid
 mon_host = v2:127.0.0.1:$port
@@ -56,6 +51,29 @@ osd_objectstore = memstore
 memstore_device_bytes = ${MEMSTORE_BYTES:-4294967296}
 osd_fast_shutdown = false
 EOC
+}
+
+if [ "$cmd" = conf ]; then
+  [ $# -eq 4 ] || usage
+  write_conf "$d" "$3" "$4"
+  exit 0
+fi
+for t in ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd; do
+  command -v "$t" >/dev/null || { echo "$t not found: apt-get install ceph-mon ceph-osd (or bash .ci/setup)" >&2; exit 1; }
+done
+if [ "$cmd" = stop ]; then
+  for p in osd mon; do
+    [ -f "$d/$p.pid" ] && kill "$(cat "$d/$p.pid")" 2>/dev/null || true
+  done
+  exit 0
+fi
+[ "$cmd" = start ] || usage
+[ ! -e "$d/ceph.conf" ] || { echo "$d already holds a cluster: stop it and remove $d first" >&2; exit 1; }
+mkdir -p "$d"/{run,mon,osd}
+d=$(cd "$d" && pwd)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+fsid=$(cat /proc/sys/kernel/random/uuid)
+write_conf "$d" "$port" "$fsid"
 q() { "$@" >/dev/null; }
 q ceph-authtool "$d/mon.keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *'
 q ceph-authtool "$d/admin.keyring" --create-keyring --gen-key -n client.admin \

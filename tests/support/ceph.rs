@@ -131,7 +131,7 @@ impl Ceph {
         let port = free_port();
         let fsid = uuid();
         let conf = d.join("ceph.conf");
-        std::fs::write(&conf, conf_text(&d, port, &fsid)).expect("write ceph.conf");
+        write_conf(&d, port, &fsid);
         for sub in ["run", "mon", "osd"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
@@ -425,38 +425,25 @@ fn uuid() -> String {
         .to_string()
 }
 
-/// The cluster's ceph.conf: everything under `d`, loopback only, one replica.
-fn conf_text(d: &Path, port: u16, fsid: &str) -> String {
-    let d = d.display();
-    format!(
-        "[global]
-fsid = {fsid}
-mon_host = v2:127.0.0.1:{port}
-public_addr = 127.0.0.1
-auth_cluster_required = cephx
-auth_service_required = cephx
-auth_client_required = cephx
-keyring = {d}/admin.keyring
-run_dir = {d}/run
-admin_socket = {d}/run/$name.asok
-log_file = {d}/$name.log
-osd_pool_default_size = 1
-osd_pool_default_min_size = 1
-osd_crush_chooseleaf_type = 0
-mon_allow_pool_size_one = true
-mon_allow_pool_delete = true
-mon_warn_on_pool_no_redundancy = false
-mon_data_avail_warn = 2
-mon_data_avail_crit = 1
-auth_allow_insecure_global_id_reclaim = false
-[mon]
-mon_data = {d}/mon
-[osd]
-osd_data = {d}/osd
-keyring = {d}/osd/keyring
-osd_objectstore = memstore
-memstore_device_bytes = 2147483648
-osd_fast_shutdown = false
-"
-    )
+/// Writes the cluster's ceph.conf into `d` with `scripts/ceph-micro.sh conf`, the one
+/// definition of the micro cluster (everything under `d`, loopback only, one replica, a memstore
+/// OSD that keeps its objects across a clean restart); the tests' images are small, so its
+/// store is 2 GiB.
+fn write_conf(d: &Path, port: u16, fsid: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ceph-micro.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("conf")
+        .arg(d)
+        .arg(port.to_string())
+        .arg(fsid)
+        .env("MEMSTORE_BYTES", (2u64 << 30).to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} conf failed: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
