@@ -56,6 +56,20 @@ impl TestDir {
         Self { dir }
     }
 
+    /// A directory on a tmpfs (/dev/shm) when the machine has one, else like [`TestDir::new`].
+    /// For an image whose I/O must not share a journal with the test's other files: on ext4
+    /// an O_DIRECT write updates the file's mtime and so waits for any journal commit the
+    /// test's other file operations start (docs/PERFORMANCE.md 1a).
+    pub fn on_tmpfs() -> Self {
+        let mut b = tempfile::Builder::new();
+        b.prefix("mqblk-test-");
+        let dir = b
+            .tempdir_in("/dev/shm")
+            .or_else(|_| b.tempdir())
+            .expect("creating a temp dir");
+        Self { dir }
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
