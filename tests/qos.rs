@@ -216,10 +216,12 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
         lim.iops(),
         lim.elapsed
     );
-    // Limits that leaked to it would cost it nearly everything; a thread spinning beside its
-    // two would cost it a third or more (and shows in the CPU check below).
+    // A limit that leaked to it would hold it near 1000 IOPS, under 2% of its rate alone. A
+    // thread spinning beside its two is caught by the CPU check below, not here: on this
+    // shared 2-vCPU machine other work alone has cost a half-second run a third of its rate
+    // (0.64x in one CI run), so the bound leaves room for that and still fails on a leak.
     assert!(
-        beside >= 0.75 * alone,
+        beside >= 0.5 * alone,
         "the unlimited export fell from {alone:.0} to {beside:.0} IOPS"
     );
     // 1000 per second, after the bucket's initial tenth of a second's worth.
