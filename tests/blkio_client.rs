@@ -43,33 +43,6 @@ fn expect_failed(r: Result<(), IoError>, what: &str) -> i32 {
     }
 }
 
-fn verify_workload(
-    socket: &std::path::Path,
-    queues: usize,
-    jobs: usize,
-    ops: u64,
-    seed: u64,
-) -> Workload {
-    let mut w = Workload::new(socket);
-    w.num_queues = queues;
-    w.jobs = jobs;
-    w.iodepth = 8;
-    w.block_size = BS;
-    w.pattern = Pattern::Verify;
-    w.ops_per_job = Some(ops);
-    w.seed = seed;
-    w.io_timeout = Duration::from_secs(10);
-    w
-}
-
-/// Patches `expected` (the whole image) with what a Verify run wrote.
-fn apply_verify(expected: &mut [u8], r: &Report, seed: u64) {
-    for j in &r.jobs {
-        let (off, len) = (j.region.0 as usize, j.pattern_bytes as usize);
-        fill_pattern(&mut expected[off..off + len], off as u64, seed);
-    }
-}
-
 fn assert_verify_clean(r: &Report, jobs: usize, ops: u64, queues: usize) {
     assert!(r.clean(), "workload not clean: {r}");
     assert_eq!(r.ios, jobs as u64 * ops * 2, "{r}");

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{fill_pattern, run, Client, IoError, Pattern, Workload};
+use mqblk_client::{fill_pattern, run, Client, IoError};
 use support::ceph::Ceph;
 use support::daemon::*;
 use support::proc::Proc;
@@ -74,23 +74,15 @@ fn verify_mapping(mapping: Mapping, image: &str) {
     let queues = mapping.queues();
     let (jobs, ops, seed) = (2usize, 128u64, 0x7bd0 + queues as u64);
 
-    let mut w = Workload::new(&sock);
-    w.num_queues = queues;
-    w.jobs = jobs;
+    let mut w = verify_workload(&sock, queues, jobs, ops, seed);
     w.iodepth = 16;
-    w.block_size = BS;
-    w.pattern = Pattern::Verify;
-    w.ops_per_job = Some(ops);
-    w.seed = seed;
+    // An OSD on the same two vCPUs as everything else can be slow to answer.
     w.io_timeout = Duration::from_secs(30);
     let r = run(&w).expect("verify workload");
     assert!(r.clean(), "workload not clean: {r}");
     assert_eq!(r.verified_bytes, jobs as u64 * ops * BS as u64, "{r}");
     let mut expected = vec![0u8; IMG_SIZE as usize];
-    for j in &r.jobs {
-        let (off, len) = (j.region.0 as usize, j.pattern_bytes as usize);
-        fill_pattern(&mut expected[off..off + len], off as u64, seed);
-    }
+    apply_verify(&mut expected, &r, seed);
 
     let mut c = Client::connect(&sock, queues).expect("connect");
     assert_eq!(c.capacity(), IMG_SIZE);

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mqblk_client::fill_pattern;
+use mqblk_client::{fill_pattern, Pattern, Report, Workload};
 
 /// Longest a daemon may take to create and listen on its sockets.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -565,4 +565,28 @@ pub fn open_rw(path: &Path) -> File {
         .write(true)
         .open(path)
         .expect("opening image")
+}
+
+/// A verified workload (`Pattern::Verify`: each job writes its pattern in 4 KiB requests and
+/// reads it back) of `ops` writes per job over `queues`, at iodepth 8 with a 10 s I/O timeout;
+/// callers change the fields they need otherwise.
+pub fn verify_workload(socket: &Path, queues: usize, jobs: usize, ops: u64, seed: u64) -> Workload {
+    let mut w = Workload::new(socket);
+    w.num_queues = queues;
+    w.jobs = jobs;
+    w.iodepth = 8;
+    w.block_size = 4096;
+    w.pattern = Pattern::Verify;
+    w.ops_per_job = Some(ops);
+    w.seed = seed;
+    w.io_timeout = Duration::from_secs(10);
+    w
+}
+
+/// Patches `expected` (the whole image) with what a [`verify_workload`] run wrote.
+pub fn apply_verify(expected: &mut [u8], r: &Report, seed: u64) {
+    for j in &r.jobs {
+        let (off, len) = (j.region.0 as usize, j.pattern_bytes as usize);
+        fill_pattern(&mut expected[off..off + len], off as u64, seed);
+    }
 }
