@@ -62,8 +62,8 @@ use std::time::{Duration, Instant};
 use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
-    failure_list, log_section, mqblk_serve, read_lossy, report_line, result_failure, seed_from_env,
-    tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
+    failure_list, is_kernel_trouble, log_section, mqblk_serve, read_lossy, report_line,
+    result_failure, seed_from_env, tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
 };
 use support::rng::XorShift;
 
@@ -118,17 +118,6 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// How often the console and logs are polled.
 const POLL: Duration = Duration::from_millis(20);
-/// Guest kernel messages that mean the disk is broken (the console shows only warnings and
-/// worse: loglevel=4).
-const KERNEL_TROUBLE: &[&str] = &[
-    "is not a head",
-    "I/O error",
-    "virtqueue",
-    "blocked for more than",
-    "Kernel panic",
-    "BUG:",
-    "Oops",
-];
 #[test]
 fn guest_survives_backend_sigkill_and_restart() {
     let started = Instant::now();
@@ -464,7 +453,7 @@ impl Watch {
     fn kernel_trouble(&self) -> Vec<&str> {
         self.console
             .lines()
-            .filter(|l| !l.contains(MARK) && KERNEL_TROUBLE.iter().any(|k| l.contains(k)))
+            .filter(|l| is_kernel_trouble(l))
             .collect()
     }
 

@@ -60,8 +60,8 @@ use serde_json::{json, Value};
 use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
-    log_section, read_lossy, report_line, seed_from_env, tail, word_value, GuestBoot, Qemu,
-    QemuFiles, WorkDir, DISK_ID,
+    is_kernel_trouble, log_section, read_lossy, report_line, seed_from_env, tail, word_value,
+    GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID,
 };
 use support::qmp::Qmp;
 
@@ -98,16 +98,6 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The whole run, as a last resort.
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
 const POLL: Duration = Duration::from_millis(50);
-/// The guest's kernel messages that mean the disk broke (the console shows warnings and worse).
-const KERNEL_TROUBLE: &[&str] = &[
-    "is not a head",
-    "I/O error",
-    "virtqueue",
-    "blocked for more than",
-    "Kernel panic",
-    "BUG:",
-    "Oops",
-];
 
 /// The tests run one at a time: each runs two TCG guests on a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -485,9 +475,7 @@ impl Run {
                     self.samples.push(s);
                 }
                 Some(r) => self.report.push(r.to_string()),
-                None if KERNEL_TROUBLE.iter().any(|k| line.contains(k)) => {
-                    self.kernel.push(line.to_string())
-                }
+                None if is_kernel_trouble(line) => self.kernel.push(line.to_string()),
                 None => {}
             }
         }

@@ -331,6 +331,25 @@ pub fn report_line(line: &str) -> Option<&str> {
     line.find(MARK).map(|i| line[i + MARK.len()..].trim())
 }
 
+/// Guest kernel messages on the console that mean the disk broke (the guests log warnings and
+/// worse): a request completed twice ("id N is not a head"), I/O errors, a virtqueue broken or
+/// a task hung on the disk, a panic.
+const KERNEL_TROUBLE: &[&str] = &[
+    "is not a head",
+    "I/O error",
+    "virtqueue",
+    "blocked for more than",
+    "Kernel panic",
+    "BUG:",
+    "Oops",
+];
+
+/// Whether a console line is a kernel message of [`KERNEL_TROUBLE`] (never the guest's own
+/// report lines, which may quote them).
+pub fn is_kernel_trouble(line: &str) -> bool {
+    !line.contains(MARK) && KERNEL_TROUBLE.iter().any(|k| line.contains(k))
+}
+
 /// The number in a `key=N` word of `line`.
 pub fn word_value(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
