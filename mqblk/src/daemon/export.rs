@@ -109,8 +109,8 @@ impl Export {
         self.qos.config()
     }
 
-    /// Changes the export's QoS while it runs (the management API's `export_set_qos`): the
-    /// limits take effect within 100 ms; with `group`, the export joins that throttle group,
+    /// Changes the export's QoS while it runs (the management API's `export_set_qos`): each
+    /// I/O thread applies the limits when the command wakes it; with `group`, the export joins that throttle group,
     /// and limits given with it become the group's. An invalid setting changes nothing and
     /// names the offending key.
     pub fn set_qos(&self, qos: QosConfig) -> Result<(), Error> {
