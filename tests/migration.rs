@@ -131,7 +131,19 @@ fn without_dirty_logging_the_check_fails() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut run = Run::start("mqblk-migration-nolog.", true);
     match run.migrate(1, Kills::None) {
-        Err(e) if e.contains("stale") => {
+        Err(e) if e.contains("holds stale pages") => {
+            // Every chunk of the cache partition was re-read during the hold, so without
+            // logging every one of them must arrive stale: the guest's "bad=N" and its
+            // "bad-chunk" lines (quoted in the error) must both count all of them.
+            let chunks = CACHE_MB / CHUNK_MB;
+            let bad = word_value(&e, "bad");
+            let listed = e.matches("\"bad-chunk ").count() as u64;
+            if bad != Some(chunks) || listed != chunks {
+                run.fail(&[format!(
+                    "without dirty logging the check must find all {chunks} chunks stale; \
+                     it reported bad={bad:?} and listed {listed} bad chunks: {e}"
+                )]);
+            }
             eprintln!("without dirty logging the test fails as it must: {e}");
             let a = run.backends[0].stats();
             assert_eq!(
