@@ -729,8 +729,9 @@ impl Run {
         Ok(())
     }
 
-    /// SIGKILLs backend `b` (with `busy`, once the guest shows requests in flight) and
-    /// restarts it; returns once QEMU has reconnected.
+    /// SIGKILLs backend `b` (with `busy`, once the guest shows 8 requests in flight, or after
+    /// 5 s if its last sample shows some; none is an error) and restarts it; returns once QEMU
+    /// has reconnected.
     fn kill_and_restart(&mut self, b: usize, busy: bool, when: &str) -> Result<(), String> {
         let busy_until = Instant::now() + Duration::from_secs(if busy { 5 } else { 0 });
         self.refresh();
@@ -743,6 +744,16 @@ impl Run {
             std::thread::sleep(Duration::from_millis(20));
         }
         let inflight = self.samples.last().map_or(0, |s| s.inflight);
+        if busy && (self.samples.len() <= seen || inflight == 0) {
+            // The kill is meant to land with requests in flight; a quiet guest (or one that
+            // printed no sample in 5 s) would make this restart prove nothing about them.
+            return Err(format!(
+                "SIGKILL of {} {when}: the guest showed no request in flight within 5 s \
+                 (last sample: {inflight} in flight, {} new samples)",
+                self.backends[b].name,
+                self.samples.len().saturating_sub(seen)
+            ));
+        }
         self.backends[b].current().0.kill();
         self.event(format!(
             "SIGKILLed {} {when} (guest showed {inflight} in flight)",
