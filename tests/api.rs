@@ -217,6 +217,16 @@ fn bad_requests_get_errors_and_the_daemon_keeps_serving() {
         e.0 == -32002 && e.1.contains("socket="),
         "duplicate socket: {e:?}"
     );
+    let e = api
+        .call(
+            "export_add",
+            json!({"socket": dir.join("w.sock"), "engine": "null", "size": "1M", "fd": 0}),
+        )
+        .unwrap_err();
+    assert!(
+        e.0 == -32602 && e.1.contains("'fd' is accepted only at startup"),
+        "an inherited descriptor through the API: {e:?}"
+    );
     let missing = dir.join("missing/disk.img");
     let e = api
         .call(

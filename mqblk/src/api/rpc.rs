@@ -2,7 +2,8 @@
 //! clients at once (a thread each).
 //!
 //! Methods (`params` is an object):
-//! - `export_add {id?, socket, ...every export key}`: starts an export; returns its status;
+//! - `export_add {id?, socket, ...every export key but fd}`: starts an export; returns its
+//!   status (an inherited descriptor, `fd`, is taken only at startup);
 //! - `export_del {id, mode?: "safe"|"hard"}`: `safe` (the default) refuses while a frontend
 //!   is connected; `hard` drains its in-flight I/O and disconnects it;
 //! - `export_list {}`, `export_get {id}`, `export_stats {id?}`;
@@ -387,6 +388,14 @@ fn call(
 ) -> Result<Value, RpcError> {
     match method {
         "export_add" => {
+            // An inherited descriptor is the daemon's to hand out at startup only: taken here,
+            // it could be one the daemon already owns (this socket, another export's), which
+            // would then have two owners closing it.
+            if params.contains_key("fd") {
+                return Err(invalid(
+                    "'fd' is accepted only at startup (--export / --config): the management API cannot hand over a descriptor",
+                ));
+            }
             let mut pairs = Vec::with_capacity(params.len());
             for (k, v) in &params {
                 pairs.push((k.as_str(), key_value(k, v)?));
@@ -676,6 +685,19 @@ mod tests {
                 .contains("'size' is 7"),
             "{r}"
         );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":12,"method":"export_add","params":{"socket":"/tmp/c.sock","engine":"null","size":"1M","fd":3}}"#,
+        );
+        assert_eq!(code(&r), -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("'fd' is accepted only at startup"),
+            "{r}"
+        );
+        assert!(c.configs().iter().all(|cfg| cfg.fd.is_none()));
         // A notification gets no answer; a batch gets one per request.
         assert!(handle_line(r#"{"jsonrpc":"2.0","method":"version"}"#, &c).is_none());
         let r = ask(
