@@ -151,10 +151,16 @@ impl Export {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if let Some(session) = session {
-            match session.lock().unwrap_or_else(|e| e.into_inner()).config_changed() {
-                Ok(true) => {}
-                Ok(false) => tracing::info!(id, "the frontend gave no channel for config changes: the guest sees the new size when it reads the configuration again"),
-                Err(e) => tracing::warn!(id, err = %e, "could not tell the frontend about the new size"),
+            // The session's lock is held only to take the channel: the frontend reads the new
+            // configuration (GET_CONFIG, served under that lock) before it acknowledges.
+            let channel = session
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .config_change_channel();
+            match channel.map(|c| c.and_then(|(mut ch, ack)| ch.config_changed(ack))) {
+                Some(Ok(())) => {}
+                None => tracing::info!(id, "the frontend gave no channel for config changes: the guest sees the new size when it reads the configuration again"),
+                Some(Err(e)) => tracing::warn!(id, err = %e, "could not tell the frontend about the new size"),
             }
         }
         Ok(self.status())

@@ -9,9 +9,9 @@
 //! descriptor in this process) yields the channel. The message itself is 12 bytes.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// VHOST_USER_SET_BACKEND_REQ_FD.
 const SET_BACKEND_REQ_FD: u32 = 21;
@@ -19,6 +19,7 @@ const SET_BACKEND_REQ_FD: u32 = 21;
 const CONFIG_CHANGE_MSG: u32 = 2;
 /// Header flags: protocol version 1, and "reply wanted".
 const VERSION: u32 = 0x1;
+const REPLY: u32 = 0x4;
 const NEED_REPLY: u32 = 0x8;
 /// How long a frontend may take to acknowledge a config change.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -87,14 +88,26 @@ impl BackendChannel {
         BackendChannel { sock }
     }
 
+    /// Another handle on the same channel, so that a caller can wait for the frontend's
+    /// answer without holding the session: QEMU answers a config change only after it has
+    /// read the new configuration with GET_CONFIG, which the session must be free to serve.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(BackendChannel {
+            sock: self.sock.try_clone()?,
+        })
+    }
+
     /// Tells the frontend that the configuration space changed. With `reply_ack` (the
-    /// REPLY_ACK protocol feature), waits for its acknowledgement.
+    /// REPLY_ACK protocol feature), waits up to [`REPLY_TIMEOUT`] for its acknowledgement. No
+    /// call blocks: a frontend that does not read its channel, or answers slowly or with half
+    /// a message, costs the caller at most the timeout.
     pub fn config_changed(&mut self, reply_ack: bool) -> io::Result<()> {
+        // A late answer to an earlier change that timed out must not pass for this one's.
+        self.discard_pending();
         let flags = VERSION | if reply_ack { NEED_REPLY } else { 0 };
         let mut msg = [0u8; 12];
         msg[0..4].copy_from_slice(&CONFIG_CHANGE_MSG.to_le_bytes());
         msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        // Never block the control plane on a frontend that does not read its channel.
         // SAFETY: send(2) of a live 12-byte buffer on a descriptor this channel owns.
         let sent = unsafe {
             libc::send(
@@ -114,21 +127,21 @@ impl BackendChannel {
         if !reply_ack {
             return Ok(());
         }
-        // The reply: a header and a u64, 0 for success.
-        let mut pfd = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: poll on one live pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, REPLY_TIMEOUT.as_millis() as i32) } != 1 {
+        // The reply: a header (the request, REPLY, size 8) and a u64, 0 for success.
+        let mut reply = [0u8; 20];
+        self.recv_within(&mut reply, Instant::now() + REPLY_TIMEOUT)?;
+        let word = |i: usize| u32::from_le_bytes(reply[i..i + 4].try_into().expect("4 bytes"));
+        if word(0) != CONFIG_CHANGE_MSG || word(4) & REPLY == 0 || word(8) != 8 {
             return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the frontend did not acknowledge the config change",
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the frontend answered the config change with request {}, flags {:#x}, size {}",
+                    word(0),
+                    word(4),
+                    word(8)
+                ),
             ));
         }
-        let mut reply = [0u8; 20];
-        self.sock.read_exact(&mut reply)?;
         let status = u64::from_le_bytes(reply[12..20].try_into().expect("8 bytes"));
         if status != 0 {
             return Err(io::Error::other(format!(
@@ -136,5 +149,75 @@ impl BackendChannel {
             )));
         }
         Ok(())
+    }
+
+    /// Fills `buf` from the channel by `deadline`, never blocking past it.
+    fn recv_within(&self, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.sock.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one live pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the frontend did not acknowledge the config change",
+                ));
+            }
+            // SAFETY: recv(2) into the live rest of `buf`, without blocking.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    buf[got..].as_mut_ptr().cast(),
+                    buf.len() - got,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            match n {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n if n > 0 => got += n as usize,
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and drops whatever the frontend sent that nobody waited for.
+    fn discard_pending(&self) {
+        let mut sink = [0u8; 256];
+        loop {
+            // SAFETY: recv(2) into a live buffer, without blocking.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    sink.as_mut_ptr().cast(),
+                    sink.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                return;
+            }
+        }
     }
 }

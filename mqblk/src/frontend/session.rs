@@ -74,15 +74,16 @@ impl Session {
         self.backend_channel = Some(BackendChannel::new(sock));
     }
 
-    /// Tells the frontend that the configuration space changed (an online resize). Returns
-    /// false when this frontend gave no channel for it (it did not negotiate BACKEND_REQ): it
-    /// sees the change only when it reads the configuration again.
-    pub fn config_changed(&mut self) -> std::io::Result<bool> {
+    /// What is needed to tell the frontend that the configuration space changed (an online
+    /// resize): a handle on its channel and whether it acknowledges (REPLY_ACK). The caller
+    /// sends and waits without holding the session (see [`BackendChannel::try_clone`]). None
+    /// when this frontend gave no channel (it did not negotiate BACKEND_REQ): it sees the
+    /// change only when it reads the configuration again.
+    pub fn config_change_channel(&self) -> Option<std::io::Result<(BackendChannel, bool)>> {
         let reply_ack = self.acked_protocol & VhostUserProtocolFeatures::REPLY_ACK.bits() != 0;
-        match self.backend_channel.as_mut() {
-            Some(ch) => ch.config_changed(reply_ack).map(|()| true),
-            None => Ok(false),
-        }
+        self.backend_channel
+            .as_ref()
+            .map(|ch| ch.try_clone().map(|c| (c, reply_ack)))
     }
 
     fn check_index(&self, index: u32) -> Result<usize> {
