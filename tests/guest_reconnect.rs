@@ -54,15 +54,13 @@
 mod support;
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
-    failure_list, is_kernel_trouble, log_section, mqblk_serve, read_lossy, report_line,
+    failure_list, is_kernel_trouble, log_section, md5_hex, mqblk_serve, read_lossy, report_line,
     result_failure, seed_from_env, tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
 };
 use support::rng::XorShift;
@@ -764,36 +762,6 @@ fn write_stop_marker(image: &Path) -> Result<(), String> {
     f.write_all_at(STOP_MARKER, STOP_BLOCK)
         .and_then(|()| f.sync_data())
         .map_err(|e| format!("writing the stop marker: {e}"))
-}
-
-/// md5 of `data` as hex, by md5sum(1) (coreutils).
-fn md5_hex(data: &[u8]) -> Result<String, String> {
-    let mut child = Command::new("md5sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run md5sum: {e}"))?;
-    {
-        let mut stdin = child.stdin.take().expect("piped");
-        stdin
-            .write_all(data)
-            .map_err(|e| format!("writing to md5sum: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for md5sum: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "md5sum failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| "md5sum printed nothing".into())
 }
 
 fn kills_from_env() -> usize {

@@ -48,10 +48,9 @@
 mod support;
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -60,8 +59,8 @@ use serde_json::{json, Value};
 use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
-    is_kernel_trouble, log_section, read_lossy, report_line, seed_from_env, tail, word_value,
-    GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID,
+    is_kernel_trouble, log_section, md5_hex, read_lossy, report_line, seed_from_env, tail,
+    word_value, GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID,
 };
 use support::qmp::Qmp;
 
@@ -900,27 +899,4 @@ impl Run {
         // The guests and daemons go with `self` (their Procs kill them).
         panic!("{msg}");
     }
-}
-
-/// md5 of `data` as hex, by md5sum(1).
-fn md5_hex(data: &[u8]) -> Result<String, String> {
-    let mut child = Command::new("md5sum")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run md5sum: {e}"))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(data)
-        .map_err(|e| format!("md5sum: {e}"))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("md5sum: {e}"))?;
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .map(str::to_string)
-        .ok_or_else(|| "md5sum printed nothing".into())
 }

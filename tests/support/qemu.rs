@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 use std::io;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -370,4 +371,34 @@ pub fn result_failure<'a>(report: impl IntoIterator<Item = &'a str>) -> Option<S
         [one] => Some(format!("the guest reported: RESULT {one}")),
         many => Some(format!("the guest printed several RESULT lines: {many:?}")),
     }
+}
+
+/// md5 of `data` as hex, by md5sum(1) (coreutils); an error if md5sum fails.
+pub fn md5_hex(data: &[u8]) -> Result<String, String> {
+    let mut child = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run md5sum: {e}"))?;
+    {
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin
+            .write_all(data)
+            .map_err(|e| format!("writing to md5sum: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for md5sum: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "md5sum failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| "md5sum printed nothing".into())
 }
