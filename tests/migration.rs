@@ -287,6 +287,8 @@ struct Run {
     /// The report lines (after the marker) of all consoles, in order.
     report: Vec<String>,
     samples: Vec<Sample>,
+    /// Sampler lines without their numbers (a report error: never read as 0).
+    malformed: Vec<String>,
     /// When `ios` last changed, and its value.
     progress: (Instant, u64),
     kernel: Vec<String>,
@@ -327,6 +329,7 @@ impl Run {
             consoles: Vec::new(),
             report: Vec::new(),
             samples: Vec::new(),
+            malformed: Vec::new(),
             progress: (Instant::now(), 0),
             kernel: Vec::new(),
             expected_md5: Vec::new(),
@@ -474,16 +477,16 @@ impl Run {
         }
         self.report.clear();
         self.samples.clear();
+        self.malformed.clear();
         self.kernel.clear();
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
         for line in text[..complete].lines() {
             match report_line(line) {
                 Some(r) if r.starts_with("s t=") => {
-                    let s = Sample {
-                        inflight: word_value(r, "inflight").unwrap_or(0),
-                        ios: word_value(r, "ios").unwrap_or(0),
-                    };
-                    self.samples.push(s);
+                    match (word_value(r, "inflight"), word_value(r, "ios")) {
+                        (Some(inflight), Some(ios)) => self.samples.push(Sample { inflight, ios }),
+                        _ => self.malformed.push(line.to_string()),
+                    }
                 }
                 Some(r) => self.report.push(r.to_string()),
                 None if is_kernel_trouble(line) => self.kernel.push(line.to_string()),
@@ -510,6 +513,11 @@ impl Run {
         self.refresh();
         if let Some(k) = self.kernel.first() {
             return Some(format!("the guest kernel reported: {k}"));
+        }
+        if let Some(l) = self.malformed.first() {
+            return Some(format!(
+                "a sampler line without inflight=N and ios=N (a broken report): {l:?}"
+            ));
         }
         if let Some(r) = self.find("RESULT FAIL") {
             return Some(format!("the guest reported: {r}"));
