@@ -102,7 +102,7 @@ impl Device {
     /// returns the new capacity. The order keeps every request inside the store: a disk that
     /// shrinks first stops taking requests past the new end and waits for those in flight,
     /// then the store shrinks; a disk that grows first grows its store. The frontend still has
-    /// to be told ([`Session::config_changed`](super::Session::config_changed)).
+    /// to be told ([`Session::config_change_channel`](super::Session::config_change_channel)).
     pub fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
         let current = self.engine.capacity();
         let new = match size {
@@ -111,7 +111,14 @@ impl Device {
                     return Err(ResizeError::BadSize(s));
                 }
                 self.set_thread_capacity(s >> 9);
-                self.engine.resize(Some(s))?
+                match self.engine.resize(Some(s)) {
+                    Ok(new) => new,
+                    Err(e) => {
+                        // The store kept its size: so do the threads.
+                        self.set_thread_capacity(current >> 9);
+                        return Err(e);
+                    }
+                }
             }
             _ => {
                 let new = self.engine.resize(size)?;

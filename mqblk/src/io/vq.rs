@@ -224,7 +224,8 @@ impl Vq {
             t.after_used(head, self.queue.next_used());
         }
         self.used_added = true;
-        self.used_since_notify += 1;
+        // A guest that never asks for notifications never resets it: it must wrap, not panic.
+        self.used_since_notify = self.used_since_notify.wrapping_add(1);
         r
     }
 
