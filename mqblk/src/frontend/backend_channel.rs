@@ -46,10 +46,13 @@ pub fn peek_backend_channel(conn: RawFd) -> Option<File> {
     {
         return None;
     }
-    // Now with room for one descriptor: the peek installs a duplicate of it.
+    // Now with room for exactly one descriptor (CMSG_LEN, not CMSG_SPACE, whose padding would
+    // fit a second): the peek installs a duplicate of it and of nothing more, however many a
+    // hostile frontend attached.
     let mut cbuf = [0u64; 4];
     msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: CMSG_LEN is arithmetic on its argument.
+    msg.msg_controllen = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as _;
     // SAFETY: as above; the control buffer is live and its length is given.
     let n = unsafe {
         libc::recvmsg(
@@ -73,7 +76,10 @@ pub fn peek_backend_channel(conn: RawFd) -> Option<File> {
         }
         let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd);
         // The kernel installed `fd` for us; nobody else owns it.
-        (fd >= 0).then(|| File::from_raw_fd(fd))
+        let file = (fd >= 0).then(|| File::from_raw_fd(fd))?;
+        // More than one descriptor came with it: the vhost crate refuses that message, and
+        // the channel is not taken (`file` is closed here).
+        (msg.msg_flags & libc::MSG_CTRUNC == 0).then_some(file)
     }
 }
 
