@@ -17,14 +17,25 @@ use super::error::{Error, Result};
 use crate::io::dirty_log::DirtyLog;
 use crate::io::{used_ring_len, Command};
 
-/// Set to 1 in the environment, mqblk accepts and acknowledges dirty logging but marks
-/// nothing: the migration tests use it to show that they catch a backend that does not log.
-/// Never set it in production: migrated guests would lose data.
+/// Set to 1 in the environment of a debug build, mqblk accepts and acknowledges dirty logging
+/// but marks nothing: the migration tests use it to show that they catch a backend that does
+/// not log. A release build ignores it, so that no environment can make a production daemon
+/// lose migrated guests' data.
 pub const TEST_SKIP_ENV: &str = "MQBLK_TEST_ONLY_SKIP_DIRTY_LOG";
 
 fn test_skip() -> bool {
     static SKIP: OnceLock<bool> = OnceLock::new();
-    *SKIP.get_or_init(|| std::env::var_os(TEST_SKIP_ENV).is_some_and(|v| v == "1"))
+    *SKIP.get_or_init(|| {
+        let skip =
+            cfg!(debug_assertions) && std::env::var_os(TEST_SKIP_ENV).is_some_and(|v| v == "1");
+        if skip {
+            tracing::error!(
+                "{TEST_SKIP_ENV}=1: dirty logging is acknowledged but nothing is marked; \
+                 live-migrated guests will lose data"
+            );
+        }
+        skip
+    })
 }
 
 /// One session's dirty logging.
