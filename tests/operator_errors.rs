@@ -565,6 +565,31 @@ fn busy_or_wrong_socket_paths_are_refused() {
     );
     assert!(!a.exists(), "the first export's socket was left behind");
 
+    // --api-socket pointing at a disk image (a typo): refused, the image left intact, and the
+    // export started before it not left behind.
+    let typo = dir.image("typo.img", MIB, Some(3));
+    let before = std::fs::read(&typo).unwrap();
+    let b = dir.join("before-api.sock");
+    let mut args = vec!["--api-socket".to_string(), typo.display().to_string()];
+    args.extend(export_arg(&format!(
+        "socket={},engine=null,size=1M",
+        b.display()
+    )));
+    let line = serve_fails(&args, |_| {});
+    says(
+        &line,
+        &[
+            "--api-socket",
+            "typo.img: the path exists and is not a socket",
+        ],
+        "API socket path is a disk image",
+    );
+    assert!(
+        std::fs::read(&typo).unwrap() == before,
+        "the image was changed"
+    );
+    assert!(!b.exists(), "the export's socket was left behind");
+
     // A stale socket (nobody listening) is replaced.
     let stale = dir.join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());

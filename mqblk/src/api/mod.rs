@@ -8,6 +8,7 @@
 //!
 //! - [`control`]: what the management API asks of the daemon;
 //! - [`rpc`]: the JSON-RPC server on `--api-socket`;
+//! - [`socket`]: clearing a stale socket path before binding it (here and for exports);
 //! - [`status`]: one export's snapshot;
 //! - [`metrics`]: `--metrics ADDR:PORT`, the Prometheus text format over HTTP;
 //! - [`systemd`]: `sd_notify` (ready, stopping, watchdog) and socket activation.
@@ -15,6 +16,7 @@
 pub mod control;
 pub mod metrics;
 pub mod rpc;
+pub mod socket;
 pub mod status;
 pub mod systemd;
 

@@ -55,15 +55,7 @@ pub struct ApiServer {
 impl ApiServer {
     /// Binds `path` (0600) and serves `control` on it from a thread of its own.
     pub fn start(path: &Path, control: Arc<dyn Control>) -> io::Result<ApiServer> {
-        if path.exists() {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} is in use by another process", path.display()),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
+        super::socket::remove_stale(path)?;
         // The socket file must never be connectable by others, not even between bind and
         // chmod: bind with a umask that leaves only the owner's bits.
         // SAFETY: umask only swaps the process's file-creation mask; it is restored at once.

@@ -20,28 +20,18 @@ fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
     session.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Binds a unix socket, refusing to steal one another process is listening on.
+/// Binds a unix socket, refusing to steal one another process is listening on or to replace
+/// anything that is not a socket.
 pub fn bind(path: &Path) -> Result<UnixListener, Error> {
-    if path.exists() {
-        if UnixStream::connect(path).is_ok() {
-            return Err(Error::SocketBusy(path.into()));
-        }
-        // A stale socket from an earlier run (or another file): replace only sockets.
-        use std::os::unix::fs::FileTypeExt;
-        let meta = std::fs::symlink_metadata(path).map_err(|err| Error::Socket {
-            what: "cannot stat",
-            path: path.into(),
-            err,
-        })?;
-        if !meta.file_type().is_socket() {
-            return Err(Error::NotASocket(path.into()));
-        }
-        std::fs::remove_file(path).map_err(|err| Error::Socket {
+    crate::api::socket::remove_stale(path).map_err(|err| match err.kind() {
+        io::ErrorKind::AddrInUse => Error::SocketBusy(path.into()),
+        io::ErrorKind::InvalidInput => Error::NotASocket(path.into()),
+        _ => Error::Socket {
             what: "cannot remove stale",
             path: path.into(),
             err,
-        })?;
-    }
+        },
+    })?;
     UnixListener::bind(path).map_err(|err| Error::Socket {
         what: "cannot listen on",
         path: path.into(),
