@@ -1892,16 +1892,20 @@ fn refused_or_not(r: Result<(), String>) -> String {
     }
 }
 
-fn log_smaller_than_memory(p: &Path) -> String {
+/// A logging session offers `size` bytes of `f` at `offset` as its dirty log (SET_LOG_BASE).
+fn offer_log(p: &Path, f: &File, size: u64, offset: u64) -> String {
     let s = logging_session(p);
-    let f = support::mem::sealable_memfd("small-log", 4096);
     refused_or_not(answer(
-        s.conn.fe.set_log_base(0, Some(log_region(&f, 64, 0))),
+        s.conn.fe.set_log_base(0, Some(log_region(f, size, offset))),
     ))
 }
 
+fn log_smaller_than_memory(p: &Path) -> String {
+    let f = support::mem::sealable_memfd("small-log", 4096);
+    offer_log(p, &f, 64, 0)
+}
+
 fn log_is_a_pipe(p: &Path) -> String {
-    let s = logging_session(p);
     let mut fds = [0; 2];
     // SAFETY: pipe with a live 2-element array; the results are checked and owned below.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -1910,57 +1914,33 @@ fn log_is_a_pipe(p: &Path) -> String {
         use std::os::fd::FromRawFd;
         (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
     };
-    refused_or_not(answer(
-        s.conn
-            .fe
-            .set_log_base(0, Some(log_region(&r, LOG_BYTES, 0))),
-    ))
+    offer_log(p, &r, LOG_BYTES, 0)
 }
 
 fn log_sealed_against_writes(p: &Path) -> String {
-    let s = logging_session(p);
     let f = support::mem::sealable_memfd("read-only-log", 4096);
     // SAFETY: fcntl on a descriptor we own, adding a seal.
     assert_eq!(
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) },
         0
     );
-    refused_or_not(answer(
-        s.conn
-            .fe
-            .set_log_base(0, Some(log_region(&f, LOG_BYTES, 0))),
-    ))
+    offer_log(p, &f, LOG_BYTES, 0)
 }
 
 fn log_offset_past_its_end(p: &Path) -> String {
-    let s = logging_session(p);
     let f = support::mem::sealable_memfd("short-log", 4096);
-    refused_or_not(answer(
-        s.conn
-            .fe
-            .set_log_base(0, Some(log_region(&f, LOG_BYTES, 8192))),
-    ))
+    offer_log(p, &f, LOG_BYTES, 8192)
 }
 
 fn log_offset_wraps(p: &Path) -> String {
-    let s = logging_session(p);
     let f = support::mem::sealable_memfd("wrapping-log", 4096);
-    refused_or_not(answer(
-        s.conn
-            .fe
-            .set_log_base(0, Some(log_region(&f, LOG_BYTES, u64::MAX - 10))),
-    ))
+    offer_log(p, &f, LOG_BYTES, u64::MAX - 10)
 }
 
 fn log_that_cannot_be_sealed(p: &Path) -> String {
-    let s = logging_session(p);
     // Without MFD_ALLOW_SEALING a memfd carries F_SEAL_SEAL: nothing keeps it from shrinking.
     let f = memfd("unsealable-log", 4096);
-    refused_or_not(answer(
-        s.conn
-            .fe
-            .set_log_base(0, Some(log_region(&f, LOG_BYTES, 0))),
-    ))
+    offer_log(p, &f, LOG_BYTES, 0)
 }
 
 /// The frontend truncates its log after the daemon mapped it, then logs I/O: a write to a
@@ -2014,67 +1994,102 @@ fn dirty_log_abuse_is_refused_and_never_faults() {
     let by = Bystander::start(by_sock, IMG_SIZE);
     fresh_client_works(&sock).expect("first client");
 
-    // (what, abuse, the outcome it must have)
-    let cases: Vec<(&str, LogAbuse, &str)> = vec![
+    // (what, abuse, the outcome it must have, what the daemon must log for it: the message of
+    // that very refusal, so that a case refused for another reason fails)
+    let cases: Vec<(&str, LogAbuse, &str, &str)> = vec![
         (
             "SET_LOG_BASE: 64 bytes for 96 bytes of guest memory",
             log_smaller_than_memory,
             "refused",
+            "dirty log refused: it covers 0x200000 bytes of guest memory, which reaches",
         ),
-        ("SET_LOG_BASE with a pipe", log_is_a_pipe, "refused"),
+        (
+            "SET_LOG_BASE with a pipe",
+            log_is_a_pipe,
+            "refused",
+            "dirty log refused: its file cannot be sealed against shrinking",
+        ),
         (
             "SET_LOG_BASE with a memfd sealed against writes",
             log_sealed_against_writes,
             "refused",
+            "dirty log refused: cannot map it",
         ),
         (
             "SET_LOG_BASE at offset 8192 of a 4 KiB memfd",
             log_offset_past_its_end,
             "refused",
+            "dirty log refused: 96 bytes at offset 8192 extend past the end of its 4096-byte file",
         ),
         (
             "SET_LOG_BASE at an offset that wraps",
             log_offset_wraps,
             "refused",
+            // vhost's message check (offset + size must not overflow) refuses it before
+            // mqblk's own: the connection closes as for any invalid message.
+            "vhost-user error; closing the connection",
         ),
         (
             "SET_LOG_BASE with a memfd that cannot be sealed",
             log_that_cannot_be_sealed,
             "refused",
+            "dirty log refused: its file cannot be sealed against shrinking",
         ),
         (
             "log truncated after SET_LOG_BASE, then I/O with LOG_ALL",
             log_truncated_afterwards,
             "the truncate failed: Operation not permitted (os error 1); logged reads: ACCEPTED",
+            "dirty log set up for live migration",
         ),
         (
             "LOG_ALL acked with no log base",
             log_all_without_a_log,
             "reads: ACCEPTED",
+            "VHOST_F_LOG_ALL acked without a log",
         ),
         (
             "VRING_F_LOG with log_guest_addr 2^40",
             used_log_outside_memory_and_log,
             "refused",
+            "its used ring logged at 0x10000000000",
         ),
     ];
     let mut failures = Vec::new();
-    for (name, f, want) in cases {
+    for (name, f, want, want_logged) in cases {
+        let log_before = daemon.log().len();
         let obs = f(&sock);
         std::thread::sleep(Duration::from_millis(20));
         assert_alive(&mut daemon, name);
         let ok = obs.starts_with(want);
+        // The daemon logs as it refuses; allow it a moment to reach the file.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let logged = loop {
+            let log = daemon.log();
+            let new = log.get(log_before..).unwrap_or("").to_string();
+            if new.contains(want_logged) || Instant::now() >= deadline {
+                break new;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let logged_ok = logged.contains(want_logged);
         let client = fresh_client_works(&sock);
         let line = format!(
-            "{} {name}: {obs}; a new client: {}",
-            if ok && client.is_ok() { "ok  " } else { "FAIL" },
+            "{} {name}: {obs}; logged {want_logged:?}: {logged_ok}; a new client: {}",
+            if ok && logged_ok && client.is_ok() {
+                "ok  "
+            } else {
+                "FAIL"
+            },
             client
                 .as_ref()
                 .map_or_else(|e| e.clone(), |()| "works".into())
         );
         eprintln!("{line}");
-        if !ok || client.is_err() {
-            failures.push(format!("{line} (expected: {want})"));
+        if !ok || !logged_ok || client.is_err() {
+            failures.push(format!(
+                "{line} (expected: {want}, and the log line {want_logged:?}; the daemon logged \
+                 meanwhile:\n{logged})"
+            ));
         }
     }
     let log = daemon.log();
