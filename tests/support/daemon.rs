@@ -543,11 +543,15 @@ pub fn fd_count(pid: u32) -> usize {
 }
 
 /// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).
-/// Checked instead of connecting so that the daemon never sees a stray connection.
+/// Checked instead of connecting so that the daemon never sees a stray connection. Panics if
+/// the table cannot be read: a check that cannot tell must not pass.
 pub fn is_listening(path: &Path) -> bool {
-    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
-        return true; // cannot tell; the file exists
-    };
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_else(|e| {
+        panic!(
+            "cannot read /proc/net/unix to tell whether {} listens: {e}",
+            path.display()
+        )
+    });
     let want = path.to_string_lossy();
     table.lines().skip(1).any(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
