@@ -190,6 +190,9 @@ fn a_socket_activated_export_serves_and_its_socket_outlives_a_restart() {
     }
     d.terminate();
     assert!(path.exists(), "the daemon removed a socket it did not bind");
+    // The test holds the socket too, so this only says the daemon did not take it out of the
+    // listening state; the frontend below, which connects while no daemon runs, is the real
+    // check that the socket still takes connections.
     assert!(is_listening(&path));
 
     // A frontend connecting now waits in the socket's backlog for the next daemon.
@@ -209,8 +212,21 @@ fn a_socket_activated_export_serves_and_its_socket_outlives_a_restart() {
         .unwrap_or_else(|_| panic!("the waiting frontend was not served\n{}", d.log()));
     assert_eq!(verified, Ok(true), "data written through the first daemon");
     waiting.join().unwrap();
+    // The restarted daemon accepts new frontends on the inherited socket (not only the one
+    // that was already queued when it started): a real vhost-user session and I/O.
+    {
+        let mut c = Client::connect(&path, 1)
+            .unwrap_or_else(|e| panic!("a new frontend after the restart: {e:#}\n{}", d.log()));
+        let more = pattern(4096, 12);
+        c.write(0, 65536, &more).expect("write after the restart");
+        assert_eq!(c.read_vec(0, 0, data.len()).expect("read"), data);
+        assert_eq!(c.read_vec(0, 65536, more.len()).expect("read"), more);
+    }
     d.terminate();
     assert!(path.exists() && is_listening(&path));
+    // With no daemon running, a connection still lands in the socket's backlog: a real
+    // connect, which a socket shut down or unlinked by the daemon would refuse.
+    UnixStream::connect(&path).expect("connecting to the socket after the second daemon exited");
 }
 
 /// `fd=N`: the export serves the socket it inherits, reports the path it is bound to, and
