@@ -412,18 +412,26 @@ pub fn check_exports(exports: &[ExportConfig], allow_none: bool) -> Result<(), C
         return Err(ConfigError::NoExport);
     }
     for (i, a) in exports.iter().enumerate() {
-        let later = &exports[i + 1..];
-        if !a.socket.as_os_str().is_empty() && later.iter().any(|b| b.socket == a.socket) {
-            return Err(ConfigError::SharedSocket(a.socket.display().to_string()));
-        }
-        if let Some(fd) = a.fd.filter(|&fd| later.iter().any(|b| b.fd == Some(fd))) {
-            return Err(ConfigError::SharedFd(fd));
-        }
-        if exports[i + 1..].iter().any(|b| b.id == a.id) {
-            return Err(ConfigError::SharedId(a.id.clone()));
+        if let Some(e) = exports[i + 1..].iter().find_map(|b| clash(a, b)) {
+            return Err(e);
         }
     }
     Ok(())
+}
+
+/// Why exports `a` and `b` cannot both run, if they cannot: one socket path (exports on
+/// inherited descriptors have none to share), one inherited descriptor, or one id.
+pub fn clash(a: &ExportConfig, b: &ExportConfig) -> Option<ConfigError> {
+    if !a.socket.as_os_str().is_empty() && a.socket == b.socket {
+        return Some(ConfigError::SharedSocket(a.socket.display().to_string()));
+    }
+    if let Some(fd) = a.fd.filter(|&fd| b.fd == Some(fd)) {
+        return Some(ConfigError::SharedFd(fd));
+    }
+    if a.id == b.id {
+        return Some(ConfigError::SharedId(a.id.clone()));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -521,6 +529,8 @@ mod tests {
         assert!(e.contains("fd=3"), "{e}");
         // Exports on inherited sockets have no path to share.
         let b = parse_export_spec("fd=4,id=b,engine=null,size=1M").unwrap();
+        assert!(clash(&a, &b).is_none());
+        assert!(matches!(clash(&a, &a), Some(ConfigError::SharedFd(3))));
         check_exports(&[a, b], false).unwrap();
     }
 

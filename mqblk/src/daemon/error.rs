@@ -80,6 +80,9 @@ pub enum Error {
     /// A running export already listens on this socket.
     #[error("an export is already listening on socket={}: each export needs its own socket", .0.display())]
     SocketTaken(PathBuf),
+    /// A running export already serves this inherited descriptor.
+    #[error("an export is already serving fd={0}: each export needs its own listening socket")]
+    FdTaken(i32),
     /// A frontend is connected and the request would cut it off.
     #[error("export {0} has a frontend connected: detach it first, or use mode=hard to drain and disconnect it")]
     InUse(String),

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::error::Error;
 use super::export::Export;
 use crate::api::{Control, ControlError, ExportStatus, RemoveMode};
-use crate::config::{EngineKind, ExportConfig, QosConfig};
+use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 
 /// The daemon's exports.
 #[derive(Default)]
@@ -37,14 +37,15 @@ impl Exports {
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
         let mut running = self.lock();
-        if running.iter().any(|e| e.device().config().id == cfg.id) {
-            return Err(Error::IdTaken(cfg.id));
-        }
-        if running
+        if let Some(e) = running
             .iter()
-            .any(|e| e.device().config().socket == cfg.socket)
+            .find_map(|e| config::clash(&cfg, e.device().config()))
         {
-            return Err(Error::SocketTaken(cfg.socket));
+            return Err(match e {
+                ConfigError::SharedSocket(_) => Error::SocketTaken(cfg.socket),
+                ConfigError::SharedFd(fd) => Error::FdTaken(fd),
+                _ => Error::IdTaken(cfg.id),
+            });
         }
         let export = Export::start_activated(cfg, activated)?;
         let status = export.status();
@@ -117,9 +118,10 @@ impl From<Error> for ControlError {
     fn from(e: Error) -> Self {
         match e {
             Error::NoSuchExport(id) => ControlError::NoSuchExport(id),
-            Error::IdTaken(_) | Error::SocketTaken(_) | Error::SocketBusy(_) => {
-                ControlError::Conflict(e.to_string())
-            }
+            Error::IdTaken(_)
+            | Error::SocketTaken(_)
+            | Error::FdTaken(_)
+            | Error::SocketBusy(_) => ControlError::Conflict(e.to_string()),
             Error::InUse(_) => ControlError::Busy(e.to_string()),
             Error::Qos(_) => ControlError::InvalidParams(e.to_string()),
             other => ControlError::Failed(other.to_string()),
@@ -170,5 +172,40 @@ impl Control for Exports {
 
     fn shutdown(&self) {
         self.shutdown.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::IntoRawFd;
+    use std::os::unix::net::UnixListener;
+
+    fn spec(s: &str) -> ExportConfig {
+        crate::config::parse_export_spec(s).unwrap()
+    }
+
+    #[test]
+    fn exports_on_inherited_descriptors_do_not_clash_on_their_empty_socket_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fds: Vec<RawFd> = ["a.sock", "b.sock"]
+            .iter()
+            .map(|n| {
+                UnixListener::bind(dir.path().join(n))
+                    .unwrap()
+                    .into_raw_fd()
+            })
+            .collect();
+        let exports = Exports::default();
+        for fd in &fds {
+            exports
+                .start(spec(&format!("fd={fd},engine=null,size=1M")))
+                .unwrap_or_else(|e| panic!("fd={fd}: {e}"));
+        }
+        let again = spec(&format!("fd={},id=other,engine=null,size=1M", fds[0]));
+        let e = exports.start(again).unwrap_err();
+        assert!(matches!(e, Error::FdTaken(fd) if fd == fds[0]), "{e}");
+        assert_eq!(exports.statuses().len(), 2);
+        exports.stop_all();
     }
 }

@@ -86,9 +86,10 @@ pub fn adopt(fd: RawFd) -> Result<UnixListener, Error> {
         ));
     }
     // SAFETY: `fd` is an open listening unix stream socket (checked above) that this process
-    // was handed to serve; the daemon adopts each such descriptor for exactly one export
-    // (config::check_exports and the socket-activation assignment keep them distinct), so
-    // nothing else here owns or closes it.
+    // was handed at startup to serve; the daemon adopts each such descriptor for exactly one
+    // export (config::clash, checked at startup and by Exports, and the socket-activation
+    // assignment keep them distinct; the management API takes no fd=), so nothing else here
+    // owns or closes it.
     let listener = unsafe { UnixListener::from_raw_fd(fd) };
     // A child process must not inherit (and hold open) the export's socket.
     // SAFETY: fcntl on the descriptor just adopted.
