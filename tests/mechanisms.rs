@@ -3,7 +3,7 @@
 //! (the export runs in this process).
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mqblk::config::parse_export_spec;
 use mqblk::daemon::Export;
@@ -22,7 +22,14 @@ fn run_with(opts: &str, w: Workload) -> (Report, Totals) {
 }
 
 /// Serves a 16 MiB export (an image file unless `opts` names another engine) with `opts`.
-fn serve_and_run(opts: &str, mut w: Workload) -> (Report, Totals) {
+fn serve_and_run(opts: &str, w: Workload) -> (Report, Totals) {
+    let (r, t, _) = serve_and_run_timed(opts, w);
+    (r, t)
+}
+
+/// [`serve_and_run`], also returning how long the workload (`client::run`) took: not the
+/// export's start or shutdown.
+fn serve_and_run_timed(opts: &str, mut w: Workload) -> (Report, Totals, Duration) {
     let dir = TestDir::new();
     let sock = dir.path().join("s.sock");
     let img = dir.path().join("disk.img");
@@ -34,12 +41,14 @@ fn serve_and_run(opts: &str, mut w: Workload) -> (Report, Totals) {
     let spec = format!("socket={},{store}size=16M,{opts}", sock.display());
     let export = Export::start(parse_export_spec(&spec).unwrap()).unwrap();
     w.socket = sock;
+    let started = Instant::now();
     let r = client::run(&w).expect("workload");
+    let took = started.elapsed();
     // Counters are published once per worker loop iteration: give the last one a moment.
     std::thread::sleep(Duration::from_millis(50));
     let t = totals(&export);
     export.shutdown();
-    (r, t)
+    (r, t, took)
 }
 
 fn verify(queues: usize, jobs: usize, iodepth: usize) -> Workload {
@@ -164,9 +173,9 @@ fn sqpoll_runs_a_kernel_submission_thread_and_data_verifies() {
     // One SQPOLL thread per I/O thread's ring (2 queues, per-queue mapping). Tests run in
     // parallel threads of this process, so count ours as the increase. A new SQPOLL thread
     // names itself once it first runs: give it a moment.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     let mut during = sqp(&thread_names());
-    while during < before + 2 && std::time::Instant::now() < deadline {
+    while during < before + 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
         during = sqp(&thread_names());
     }
@@ -188,9 +197,8 @@ fn in_flight_and_notification_counters_describe_the_pipeline() {
     let mut w = verify(1, 1, 16);
     w.pattern = Pattern::RandRead;
     w.runtime = Some(Duration::from_millis(500));
-    let started = std::time::Instant::now();
-    let (r, t) = run_with("queues=1,poll=off", w);
-    let wall = started.elapsed();
+    // Timed over the workload alone: the export's start and shutdown would dilute the mean.
+    let (r, t, wall) = serve_and_run_timed("direct=off,queues=1,poll=off", w);
     assert!(r.clean() && r.ios > 0, "{r}");
     assert!(
         t.engine_in_flight_ns > 0,
