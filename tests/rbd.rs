@@ -319,6 +319,16 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         "{e}"
     );
 
+    // librbd's cache with several writing I/O threads (each would have its own cache).
+    let e = serve_fails(
+        &spec(ceph, &sock, "rbd", "exists", "direct=off,queues=2"),
+        limit,
+    );
+    assert!(
+        e.contains("direct=off") && e.contains("needs threads=1"),
+        "{e}"
+    );
+
     // A keyring without the user's key at all.
     let s = spec(ceph, &sock, "rbd", "exists", "user=nobody");
     let e = serve_fails(&s, limit);
@@ -448,8 +458,8 @@ fn osd_outage_gives_errors_then_io_resumes() {
 
 /// A Linux guest (QEMU, 2 queues) writes its pattern to an rbd export, drops its caches, reads
 /// it all back with O_DIRECT and buffered reads, and reports PASS. The export runs with
-/// librbd's cache on (`direct=off`), so the guest's flushes and its write-through phase (each
-/// write followed by a flush before it completes) go through librbd's cache.
+/// librbd's cache on (`direct=off`, one I/O thread), so the guest's flushes and its
+/// write-through phase (each write followed by a flush before it completes) go through it.
 #[test]
 fn guest_verifies_an_rbd_disk() {
     const QUEUES: usize = 2;
@@ -461,6 +471,8 @@ fn guest_verifies_an_rbd_disk() {
     let mut spec = rbd_export(ceph, &wd.socket, "rbd", "guest")
         .queues(QUEUES)
         .direct(false)
+        // librbd's cache is per image handle, so per I/O thread: one thread for both queues.
+        .set("threads", "1")
         .set("size", &(SECTORS * 512).to_string())
         .spec();
     spec.push_str(",serial=rbd");

@@ -56,8 +56,6 @@ pub struct RbdChannel {
     /// librbd's cache is on: write-through writes need a flush.
     cache: bool,
     polled: Vec<sys::rbd_completion_t>,
-    // Declared last: dropped after the image handle is closed.
-    _cluster: Arc<Cluster>,
 }
 
 impl RbdChannel {
@@ -80,7 +78,7 @@ impl RbdChannel {
         // closed before `events` is dropped: fields drop in declaration order).
         let r = unsafe {
             sys::rbd_set_image_notification(
-                image.0,
+                image.handle,
                 events.as_raw_fd(),
                 sys::EVENT_TYPE_EVENTFD as i32,
             )
@@ -93,7 +91,6 @@ impl RbdChannel {
             events,
             cache,
             polled: vec![ptr::null_mut(); POLL_BATCH],
-            _cluster: cluster,
         })
     }
 
@@ -109,7 +106,7 @@ impl RbdChannel {
         if r < 0 {
             return Err(r);
         }
-        let img = self.image.0;
+        let img = self.image.handle;
         // SAFETY (every arm): `img` is this thread's open handle and `c` a fresh completion.
         // The iovecs and the guest memory they describe stay valid until the completion is
         // reaped (the contract of `Op`); librbd reads them only until then.
@@ -152,16 +149,30 @@ impl RbdChannel {
 
 impl Channel for RbdChannel {
     fn start(&mut self, op: &Op, token: u64) -> Started {
+        let Ok(token) = u32::try_from(token) else {
+            return Started::Done(-libc::EINVAL);
+        };
+        // SAFETY: the contract of `Op`: valid iovecs (0 for operations without data).
+        let bytes = unsafe { crate::engine::op_bytes(op) };
+        if let Op::Read { .. } | Op::Write { .. } = *op {
+            // librbd refuses an empty vector (the uring engine answers 0 bytes), and a
+            // completion reports at most i32::MAX bytes (the tag keeps 31 bits of a length).
+            if bytes == 0 {
+                return Started::Done(0);
+            }
+            if bytes > i32::MAX as u64 {
+                return Started::Done(-libc::EINVAL);
+            }
+        }
         let tag = match *op {
             Op::Write { sync, .. } => Tag {
-                token: token as u32,
-                // SAFETY: the contract of `Op`: valid iovecs.
-                write_len: unsafe { crate::engine::op_bytes(op) } as u32,
+                token,
+                write_len: bytes as u32,
                 // With the cache off every write is durable when librbd completes it.
                 then_flush: sync && self.cache,
             },
             _ => Tag {
-                token: token as u32,
+                token,
                 write_len: 0,
                 then_flush: false,
             },
@@ -187,7 +198,7 @@ impl Channel for RbdChannel {
             // the live buffer.
             let n = unsafe {
                 sys::rbd_poll_io_events(
-                    self.image.0,
+                    self.image.handle,
                     self.polled.as_mut_ptr(),
                     self.polled.len() as i32,
                 )

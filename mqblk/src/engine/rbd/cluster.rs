@@ -8,6 +8,7 @@
 use std::ffi::{c_char, CStr, CString};
 use std::io;
 use std::ptr;
+use std::sync::Arc;
 
 use mqblk_rbd_sys as sys;
 
@@ -60,6 +61,12 @@ pub enum RbdError {
         /// keyring= or librados's default.
         keyring: String,
     },
+    /// librbd's cache (direct=off) on a writable export with several I/O threads.
+    #[error("direct=off (librbd's cache) needs threads=1 on a writable rbd export: each of the {threads} I/O threads has its own image handle and cache, and a flush on one would not reach the others' writes")]
+    CacheNeedsOneThread {
+        /// The export's I/O threads.
+        threads: usize,
+    },
     /// The pool does not exist.
     #[error("Ceph pool {0} does not exist (pool=)")]
     NoPool(String),
@@ -102,19 +109,23 @@ pub struct Cluster {
     ioctx: sys::rados_ioctx_t,
 }
 
-// SAFETY: librados handles are thread-safe: a `rados_t` and a `rados_ioctx_t` may be used
-// from several threads at once (librados.h: "the ioctx is thread-safe"); mqblk only opens
-// images through them, which librbd serialises itself.
+// SAFETY: a `rados_t` may be used from several threads; the ioctx is configured (pool,
+// namespace) only in `connect`, before the `Cluster` is shared, and afterwards only passed to
+// `rbd_open`/`rbd_create4`, which copy it (librados.h warns only against changing an ioctx's
+// settings while others use it).
 unsafe impl Send for Cluster {}
 // SAFETY: as above.
 unsafe impl Sync for Cluster {}
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // SAFETY: both handles were created in `connect` and are destroyed once, here, after
-        // every image opened through them is closed (each `Image` holds an `Arc<Cluster>`).
+        // SAFETY: `rados` was created in `connect` and `ioctx`, unless still null (a connect
+        // that failed before opening the pool), too; each is destroyed once, here, after every
+        // image opened through them is closed (each `Image` holds an `Arc<Cluster>`).
         unsafe {
-            sys::rados_ioctx_destroy(self.ioctx);
+            if !self.ioctx.is_null() {
+                sys::rados_ioctx_destroy(self.ioctx);
+            }
             sys::rados_shutdown(self.rados);
         }
     }
@@ -280,8 +291,8 @@ impl Cluster {
         Ok(guard)
     }
 
-    /// Opens `image` (read-only when `readonly`).
-    pub fn open(&self, image: &str, readonly: bool) -> io::Result<Image> {
+    /// Opens `image` (read-only when `readonly`). The handle keeps the cluster connection.
+    pub fn open(self: &Arc<Self>, image: &str, readonly: bool) -> io::Result<Image> {
         let name = cstr(image);
         let mut handle: sys::rbd_image_t = ptr::null_mut();
         // SAFETY: `ioctx` is open; `handle` receives the image; a null snapshot name means
@@ -296,7 +307,10 @@ impl Cluster {
         if r < 0 {
             return Err(errno(r));
         }
-        Ok(Image(handle))
+        Ok(Image {
+            handle,
+            _cluster: self.clone(),
+        })
     }
 
     /// Creates `image` of `size` bytes with the features in `features`.
@@ -324,8 +338,12 @@ impl Cluster {
     }
 }
 
-/// An open image handle. Closed on drop (which waits for its requests in flight).
-pub struct Image(pub(super) sys::rbd_image_t);
+/// An open image handle. Closed on drop (which waits for its requests in flight), before the
+/// cluster connection it holds can be shut down.
+pub struct Image {
+    pub(super) handle: sys::rbd_image_t,
+    _cluster: Arc<Cluster>,
+}
 
 // SAFETY: an `rbd_image_t` may be used from any thread (librbd locks its image context); an
 // `Image` is moved to the I/O thread that owns it, or kept behind the engine's mutex.
@@ -333,9 +351,9 @@ unsafe impl Send for Image {}
 
 impl Drop for Image {
     fn drop(&mut self) {
-        // SAFETY: the handle was opened by `Cluster::open` and is closed once, here, before
-        // the cluster it came from (its owner keeps an `Arc<Cluster>` declared after it).
-        unsafe { sys::rbd_close(self.0) };
+        // SAFETY: the handle was opened by `Cluster::open` and is closed once, here; the
+        // cluster it came from lives until after this (`_cluster` drops after `drop` returns).
+        unsafe { sys::rbd_close(self.handle) };
     }
 }
 
@@ -345,7 +363,7 @@ impl Image {
         let mut size = 0u64;
         // SAFETY: an open handle; librbd refreshes the header if it changed and writes the
         // size into the live u64.
-        let r = unsafe { sys::rbd_get_size(self.0, &mut size) };
+        let r = unsafe { sys::rbd_get_size(self.handle, &mut size) };
         if r < 0 {
             return Err(errno(r));
         }
@@ -356,7 +374,7 @@ impl Image {
     pub fn features(&self) -> io::Result<u64> {
         let mut f = 0u64;
         // SAFETY: an open handle; writes into the live u64.
-        let r = unsafe { sys::rbd_get_features(self.0, &mut f) };
+        let r = unsafe { sys::rbd_get_features(self.handle, &mut f) };
         if r < 0 {
             return Err(errno(r));
         }
@@ -366,7 +384,7 @@ impl Image {
     /// Resizes the image (other handles learn of it through the header's watch).
     pub fn resize(&self, size: u64) -> io::Result<()> {
         // SAFETY: an open, writable handle.
-        let r = unsafe { sys::rbd_resize(self.0, size) };
+        let r = unsafe { sys::rbd_resize(self.handle, size) };
         if r < 0 {
             return Err(errno(r));
         }

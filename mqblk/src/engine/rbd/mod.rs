@@ -31,8 +31,7 @@ const CREATE_FEATURES: u64 = (sys::RBD_FEATURE_LAYERING | sys::RBD_FEATURE_DEEP_
 
 /// An RBD image served by per-thread handles.
 pub struct RbdEngine {
-    /// The engine's own handle: size and resize. Declared before `cluster`, so that it is
-    /// closed before the cluster connection is shut down (closing it after hangs).
+    /// The engine's own handle: size and resize.
     control: Mutex<Image>,
     cluster: Arc<Cluster>,
     image: String,
@@ -47,6 +46,15 @@ pub fn open(cfg: &ExportConfig) -> Result<RbdEngine, OpenError> {
     let rbd = &cfg.rbd;
     // direct=on (the default) bypasses librbd's cache, as QEMU's cache.direct=on does.
     let cache = !cfg.direct;
+    // librbd's cache belongs to an image handle, and each I/O thread has its own: a flush on
+    // one queue would not reach writes another thread's cache acknowledged, nor would a read
+    // on one queue see them. With the cache on, one thread writes.
+    if cache && !cfg.readonly && cfg.num_threads() > 1 {
+        return Err(RbdError::CacheNeedsOneThread {
+            threads: cfg.num_threads(),
+        }
+        .into());
+    }
     let cluster = Arc::new(Cluster::connect(rbd, cache)?);
     let image = rbd.image.clone().expect("config checked: rbd has an image");
     let spec = rbd.spec();
@@ -143,7 +151,10 @@ impl Engine for RbdEngine {
                 control.resize(s)?;
                 s
             }
-            None => control.size()? & !511,
+            None => match control.size()? & !511 {
+                0 => return Err(ResizeError::BadSize(0)),
+                n => n,
+            },
         };
         self.capacity.store(new, Ordering::Relaxed);
         Ok(new)
