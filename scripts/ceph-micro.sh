@@ -89,7 +89,16 @@ uuid=$(cat /proc/sys/kernel/random/uuid)
 q ceph -c "$d/ceph.conf" osd new "$uuid" 0
 ceph-osd -c "$d/ceph.conf" -i 0 --mkfs --osd-uuid "$uuid" 2>/dev/null
 ceph-osd -c "$d/ceph.conf" -i 0 2>/dev/null
-until ceph -c "$d/ceph.conf" osd stat -f json | grep -q '"num_up_osds":1'; do sleep 0.2; done
+# Up to 60 s for the OSD to join; then say so, with the end of its log, instead of waiting on.
+for _ in $(seq 300); do
+  ceph -c "$d/ceph.conf" --connect-timeout 5 osd stat -f json | tr -d ' ' | grep -q '"num_up_osds":1' && break
+  sleep 0.2
+done
+ceph -c "$d/ceph.conf" --connect-timeout 5 osd stat -f json | tr -d ' ' | grep -q '"num_up_osds":1' || {
+  echo "the OSD did not come up within 60 s; its log ($d/osd.0.log):" >&2
+  tail -n 20 "$d/osd.0.log" >&2 || true
+  exit 1
+}
 q ceph -c "$d/ceph.conf" osd pool create rbd 8
 rbd -c "$d/ceph.conf" pool init rbd
 echo "ceph cluster up: conf=$d/ceph.conf keyring=$d/admin.keyring pool=rbd"
