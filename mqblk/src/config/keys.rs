@@ -276,9 +276,9 @@ pub const KEYS: &[Key] = &[
         name: "cpus",
         value: "LIST",
         help: "pin I/O thread i to the i-th CPU of LIST, e.g. `2-5,8`",
-        allowed: "a CPU list such as 0-3,8, with CPU numbers below 1024",
+        allowed: "a CPU list such as 0-3,8, with CPU numbers below 1024 (1024 CPUs at most)",
         apply: |c, v| {
-            let list = parse_cpu_list(v).filter(|l| !l.is_empty() && l.iter().all(|&n| n < 1024))?;
+            let list = parse_cpu_list(v).filter(|l| !l.is_empty())?;
             c.cpus = list;
             Some(())
         },

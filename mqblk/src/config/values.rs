@@ -15,7 +15,12 @@ pub fn parse_size(s: &str) -> Option<u64> {
     n.checked_mul(mult)
 }
 
-/// Parses a CPU list such as `2-5,8`.
+/// CPU numbers a CPU list may name: below this (the kernel's `CPU_SETSIZE`). A list holds at
+/// most this many entries, too (an I/O thread takes one each, and there are far fewer).
+pub const MAX_CPUS: usize = 1024;
+
+/// Parses a CPU list such as `2-5,8`, of at most [`MAX_CPUS`] CPUs numbered below it; bounds are
+/// checked before a range is expanded, so that no value can make it allocate much.
 pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
     let mut out = Vec::new();
     for part in s.split([',', ':']) {
@@ -23,16 +28,17 @@ pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
         if part.is_empty() {
             return None;
         }
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
-                if a > b || b - a > 4096 {
-                    return None;
-                }
-                out.extend(a..=b);
+        let (a, b): (usize, usize) = match part.split_once('-') {
+            Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+            None => {
+                let n = part.parse().ok()?;
+                (n, n)
             }
-            None => out.push(part.parse().ok()?),
+        };
+        if a > b || b >= MAX_CPUS || out.len() + (b - a + 1) > MAX_CPUS {
+            return None;
         }
+        out.extend(a..=b);
     }
     Some(out)
 }
@@ -69,6 +75,17 @@ mod tests {
         assert_eq!(parse_cpu_list("5-2"), None);
         assert_eq!(parse_cpu_list("a"), None);
         assert_eq!(parse_cpu_list("1,,2"), None);
+        // CPU numbers stop below MAX_CPUS, and so does the list's length, whatever the ranges.
+        assert_eq!(parse_cpu_list("1023").map(|l| l.len()), Some(1));
+        assert_eq!(parse_cpu_list("0-1023").map(|l| l.len()), Some(MAX_CPUS));
+        assert_eq!(parse_cpu_list("1024"), None);
+        assert_eq!(parse_cpu_list("0-4096"), None);
+        assert_eq!(parse_cpu_list("5-18446744073709551615"), None);
+        assert_eq!(parse_cpu_list("0-1023,0"), None);
+        let long = vec!["0-4096"; 10_000].join(",");
+        assert_eq!(parse_cpu_list(&long), None);
+        let long = vec!["0-1023"; 10_000].join(",");
+        assert_eq!(parse_cpu_list(&long), None);
     }
 
     #[test]
