@@ -83,6 +83,9 @@ pub enum Error {
     /// A running export already serves this inherited descriptor.
     #[error("an export is already serving fd={0}: each export needs its own listening socket")]
     FdTaken(i32),
+    /// An export was to start after the daemon began shutting down.
+    #[error("the daemon is shutting down: no export can be added")]
+    ShuttingDown,
     /// A frontend is connected and the request would cut it off.
     #[error("export {0} has a frontend connected: detach it first, or use mode=hard to drain and disconnect it")]
     InUse(String),

@@ -14,14 +14,24 @@ use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 /// The daemon's exports.
 #[derive(Default)]
 pub struct Exports {
-    /// In the order they were added. Held while an export starts (control plane only).
-    running: Mutex<Vec<Export>>,
+    /// Held while an export starts (control plane only).
+    running: Mutex<Running>,
     /// Set by the API's `shutdown`; the main thread drains and exits.
     shutdown: AtomicBool,
 }
 
+/// The exports and whether more may start.
+#[derive(Default)]
+struct Running {
+    /// In the order they were added.
+    exports: Vec<Export>,
+    /// Set by [`Exports::stop_all`]: the daemon is shutting down and starts no more exports
+    /// (an API client connected before the API stopped may still ask).
+    closed: bool,
+}
+
 impl Exports {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Export>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -37,7 +47,11 @@ impl Exports {
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
         let mut running = self.lock();
+        if running.closed {
+            return Err(Error::ShuttingDown);
+        }
         if let Some(e) = running
+            .exports
             .iter()
             .find_map(|e| config::clash(&cfg, e.device().config()))
         {
@@ -49,7 +63,7 @@ impl Exports {
         }
         let export = Export::start_activated(cfg, activated)?;
         let status = export.status();
-        running.push(export);
+        running.exports.push(export);
         Ok(status)
     }
 
@@ -59,13 +73,14 @@ impl Exports {
         let export = {
             let mut running = self.lock();
             let i = running
+                .exports
                 .iter()
                 .position(|e| e.device().config().id == id)
                 .ok_or_else(|| Error::NoSuchExport(id.into()))?;
-            if mode == RemoveMode::Safe && running[i].status().connected {
+            if mode == RemoveMode::Safe && running.exports[i].status().connected {
                 return Err(Error::InUse(id.into()));
             }
-            running.remove(i)
+            running.exports.remove(i)
         };
         tracing::info!(id, ?mode, "removing export");
         export.shutdown();
@@ -74,13 +89,14 @@ impl Exports {
 
     /// Every export's status.
     pub fn statuses(&self) -> Vec<ExportStatus> {
-        self.lock().iter().map(Export::status).collect()
+        self.lock().exports.iter().map(Export::status).collect()
     }
 
     /// Runs `f` on the export `id`.
     fn with<T>(&self, id: &str, f: impl FnOnce(&Export) -> T) -> Result<T, Error> {
         let running = self.lock();
         let e = running
+            .exports
             .iter()
             .find(|e| e.device().config().id == id)
             .ok_or_else(|| Error::NoSuchExport(id.into()))?;
@@ -90,6 +106,7 @@ impl Exports {
     /// The id of an export whose listener or an I/O thread has stopped, if any.
     pub fn unhealthy(&self) -> Option<String> {
         self.lock()
+            .exports
             .iter()
             .find(|e| !e.is_healthy())
             .map(|e| e.device().config().id.clone())
@@ -100,9 +117,13 @@ impl Exports {
         self.shutdown.load(Ordering::SeqCst)
     }
 
-    /// Drains and removes every export, the last added first.
+    /// Drains and removes every export, the last added first; no export starts afterwards.
     pub fn stop_all(&self) {
-        let all = std::mem::take(&mut *self.lock());
+        let all = {
+            let mut running = self.lock();
+            running.closed = true;
+            std::mem::take(&mut running.exports)
+        };
         for e in all.into_iter().rev() {
             e.shutdown();
         }
@@ -110,7 +131,7 @@ impl Exports {
 
     /// Runs `f` with the running exports (for the stats file).
     pub fn each<T>(&self, f: impl FnOnce(&[Export]) -> T) -> T {
-        f(&self.lock())
+        f(&self.lock().exports)
     }
 }
 
@@ -159,6 +180,7 @@ impl Control for Exports {
     /// it is now.
     fn configs(&self) -> Vec<ExportConfig> {
         self.lock()
+            .exports
             .iter()
             .map(|e| {
                 let mut cfg = e.config();
@@ -207,5 +229,25 @@ mod tests {
         assert!(matches!(e, Error::FdTaken(fd) if fd == fds[0]), "{e}");
         assert_eq!(exports.statuses().len(), 2);
         exports.stop_all();
+    }
+
+    #[test]
+    fn no_export_starts_once_all_were_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let exports = Exports::default();
+        let a = dir.path().join("a.sock");
+        exports
+            .start(spec(&format!("socket={},engine=null,size=1M", a.display())))
+            .unwrap();
+        exports.stop_all();
+        assert!(!a.exists(), "stop_all removes the export's socket");
+        let b = dir.path().join("b.sock");
+        let e = exports
+            .start(spec(&format!("socket={},engine=null,size=1M", b.display())))
+            .unwrap_err();
+        assert!(matches!(e, Error::ShuttingDown), "{e}");
+        assert!(e.to_string().contains("the daemon is shutting down"), "{e}");
+        assert!(!b.exists(), "a refused export binds nothing");
+        assert!(exports.statuses().is_empty());
     }
 }
