@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A single-node Ceph cluster for trying the rbd engine and for `mqblk bench --engine rbd`: one
 # monitor and one memstore OSD with cephx, on a free loopback port, everything under DIR, and a
-# pool `rbd`. The tests' helper (tests/support/ceph.rs) starts its clusters from the ceph.conf
-# this script writes (`conf`), so that the two cannot drift apart.
+# pool `rbd`. The tests' helper (tests/support/ceph.rs) takes its ceph.conf from this script
+# (`conf`), so the two configure the same cluster; the helper starts the daemons itself (it
+# must own them, to stop and restart them in its tests).
 #
 #   scripts/ceph-micro.sh start DIR             # prints the conf and keyring to pass (conf=, keyring=)
 #   scripts/ceph-micro.sh stop DIR
