@@ -223,33 +223,35 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
     }
 }
 
+/// Polls `fds` for input for up to `timeout_ms` (-1: no limit), retrying when a signal
+/// interrupts; returns each descriptor's events, or None when poll fails.
+fn poll_in<const N: usize>(fds: [RawFd; N], timeout_ms: i32) -> Option<[i16; N]> {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    loop {
+        // SAFETY: poll on N pollfds in a live local array.
+        if unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, timeout_ms) } >= 0 {
+            return Some(p.map(|p| p.revents));
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return None;
+        }
+    }
+}
+
 /// Waits until a frontend connects (true) or the export stops (false).
 fn wait_for_frontend(listener: &UnixListener, wake: &EventFd) -> bool {
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two valid descriptors in a live local array.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
+        let Some([conn, stop]) = poll_in([listener.as_raw_fd(), wake.as_raw_fd()], -1) else {
+            return false;
+        };
+        if stop != 0 {
             return false;
         }
-        if fds[1].revents != 0 {
-            return false;
-        }
-        if fds[0].revents != 0 {
+        if conn != 0 {
             return true;
         }
     }
@@ -263,42 +265,19 @@ fn wait_for_message<S: VhostUserBackendReqHandler>(
     served: u64,
 ) -> bool {
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: handler.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two valid descriptors in a live local array.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
+        let Some(events) = poll_in([handler.as_raw_fd(), listener.as_raw_fd()], -1) else {
             return false;
-        }
+        };
         // The frontend's own events (a message, or its hang-up) come first, so that a frontend
         // that reconnects right after closing is not mistaken for a second one.
-        if fds[0].revents != 0 {
+        if events[0] != 0 {
             return true;
         }
-        if fds[1].revents & libc::POLLIN != 0 {
+        if events[1] & libc::POLLIN != 0 {
             // A frontend reconnecting right after closing may reach us before its old
             // connection's hang-up does (e.g. a copy of the old socket lived on briefly in a
             // forked child): give the current connection a moment to hang up first.
-            let mut cur = [libc::pollfd {
-                fd: handler.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            // SAFETY: poll on one valid descriptor in a live local array.
-            if unsafe { libc::poll(cur.as_mut_ptr(), 1, 500) } > 0 {
+            if poll_in([handler.as_raw_fd()], 500).is_some_and(|[cur]| cur != 0) {
                 return true;
             }
             if let Ok((extra, _)) = listener.accept() {
@@ -308,7 +287,7 @@ fn wait_for_message<S: VhostUserBackendReqHandler>(
                 );
                 drop(extra);
             }
-        } else if fds[1].revents != 0 {
+        } else if events[1] != 0 {
             // The listening socket was shut down (the export is stopping): let the message
             // loop see it.
             return true;
