@@ -216,20 +216,9 @@ impl ExportConfig {
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, String)>,
     ) -> Result<ExportConfig, ConfigError> {
-        let mut cfg = ExportConfig::default();
-        let mut seen: Vec<&'static str> = Vec::new();
-        for (name, value) in pairs {
-            let key = keys::key(name).ok_or_else(|| ConfigError::UnknownKey(name.into()))?;
-            if seen.contains(&key.name) {
-                return Err(ConfigError::Duplicate(name.into()));
-            }
-            seen.push(key.name);
-            key.apply(&mut cfg, &value).ok_or(ConfigError::Invalid {
-                key: key.name,
-                value,
-                allowed: key.allowed,
-            })?;
-        }
+        let mut cfg = apply_pairs(pairs, |name| {
+            keys::key(name).ok_or_else(|| ConfigError::UnknownKey(name.into()))
+        })?;
         cfg.check()?;
         Ok(cfg)
     }
@@ -330,17 +319,16 @@ fn default_id(socket: &std::path::Path) -> String {
     }
 }
 
-/// QoS settings alone from `(key, value)` pairs (the management API's `export_set_qos`):
-/// every key must be a QoS key; no key at all means no limit.
-pub fn qos_from_pairs<'a>(
+/// Applies `(key, value)` pairs to a default export, each key found by `lookup` (which says
+/// why a name is refused) and given at most once.
+fn apply_pairs<'a>(
     pairs: impl IntoIterator<Item = (&'a str, String)>,
-) -> Result<QosConfig, ConfigError> {
+    lookup: impl Fn(&str) -> Result<&'static keys::Key, ConfigError>,
+) -> Result<ExportConfig, ConfigError> {
     let mut cfg = ExportConfig::default();
     let mut seen: Vec<&'static str> = Vec::new();
     for (name, value) in pairs {
-        let key = keys::key(name)
-            .filter(|k| qos::is_qos_key(k.name))
-            .ok_or_else(|| ConfigError::NotQos(name.into()))?;
+        let key = lookup(name)?;
         if seen.contains(&key.name) {
             return Err(ConfigError::Duplicate(name.into()));
         }
@@ -351,6 +339,19 @@ pub fn qos_from_pairs<'a>(
             allowed: key.allowed,
         })?;
     }
+    Ok(cfg)
+}
+
+/// QoS settings alone from `(key, value)` pairs (the management API's `export_set_qos`):
+/// every key must be a QoS key; no key at all means no limit.
+pub fn qos_from_pairs<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, String)>,
+) -> Result<QosConfig, ConfigError> {
+    let cfg = apply_pairs(pairs, |name| {
+        keys::key(name)
+            .filter(|k| qos::is_qos_key(k.name))
+            .ok_or_else(|| ConfigError::NotQos(name.into()))
+    })?;
     let qos = cfg.qos.unwrap_or_default();
     qos.check()?;
     Ok(qos)
