@@ -736,30 +736,37 @@ impl Run {
         Ok(())
     }
 
-    /// SIGKILLs backend `b` (with `busy`, once the guest shows 8 requests in flight, or after
-    /// 5 s if its last sample shows some; none is an error) and restarts it; returns once QEMU
-    /// has reconnected.
+    /// SIGKILLs backend `b` and restarts it; returns once QEMU has reconnected. With `busy`
+    /// the kill lands right after a sample that shows requests in flight: 8 or more if one
+    /// comes within 5 s, else any; none within 30 s is an error (the guest's fio can sit
+    /// between passes for several seconds, so 5 s was not always enough to see one).
     fn kill_and_restart(&mut self, b: usize, busy: bool, when: &str) -> Result<(), String> {
-        let busy_until = Instant::now() + Duration::from_secs(if busy { 5 } else { 0 });
+        let start = Instant::now();
         self.refresh();
-        let seen = self.samples.len();
-        while Instant::now() < busy_until {
-            self.refresh();
-            if self.samples.len() > seen && self.samples.last().is_some_and(|s| s.inflight >= 8) {
-                break;
+        let mut seen = self.samples.len();
+        let mut inflight = self.samples.last().map_or(0, |s| s.inflight);
+        if busy {
+            loop {
+                self.refresh();
+                if self.samples.len() > seen {
+                    seen = self.samples.len();
+                    inflight = self.samples.last().map_or(0, |s| s.inflight);
+                    let waited = start.elapsed();
+                    if inflight >= 8 || (inflight > 0 && waited >= Duration::from_secs(5)) {
+                        break;
+                    }
+                }
+                if start.elapsed() >= Duration::from_secs(30) {
+                    // A kill meant to land with requests in flight that lands without any would
+                    // make this restart prove nothing about them.
+                    return Err(format!(
+                        "SIGKILL of {} {when}: the guest showed no request in flight within 30 s \
+                         (last sample: {inflight} in flight)",
+                        self.backends[b].name
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let inflight = self.samples.last().map_or(0, |s| s.inflight);
-        if busy && (self.samples.len() <= seen || inflight == 0) {
-            // The kill is meant to land with requests in flight; a quiet guest (or one that
-            // printed no sample in 5 s) would make this restart prove nothing about them.
-            return Err(format!(
-                "SIGKILL of {} {when}: the guest showed no request in flight within 5 s \
-                 (last sample: {inflight} in flight, {} new samples)",
-                self.backends[b].name,
-                self.samples.len().saturating_sub(seen)
-            ));
         }
         self.backends[b].current().0.kill();
         self.event(format!(
