@@ -441,3 +441,82 @@ fn export_set_qos_limits_a_running_export_and_lifts_the_limit() {
     assert!(free > 5000.0, "the limit was lifted, yet {free:.0} IOPS");
     assert!(d.stop().success());
 }
+
+/// A resize waits for the requests in flight, which under a tight QoS limit takes seconds (a
+/// 1 MiB request at 256 KiB/s waits about 4 s);
+/// meanwhile the rest of the API (another client's `export_list` and `export_get`) answers at
+/// once, and a second resize of the same export waits its turn.
+#[test]
+fn a_slow_resize_holds_up_no_other_request() {
+    let _guard = together();
+    let dir = TestDir::new();
+    let sock = dir.join("slow.sock");
+    let (mut d, mut api) = daemon(&dir, &[]);
+    api.ok(
+        "export_add",
+        json!({"socket": sock, "id": "slow", "engine": "null", "size": "64M", "bps-total": "256K"}),
+    );
+    api.ok(
+        "export_add",
+        json!({"socket": dir.join("other.sock"), "id": "other", "engine": "null", "size": "1M"}),
+    );
+    let client = {
+        let sock = sock.clone();
+        std::thread::spawn(move || {
+            let mut w = Workload::new(&sock);
+            w.block_size = MIB as usize;
+            w.pattern = Pattern::RandRead;
+            w.runtime = Some(Duration::from_secs(6));
+            mqblk_client::run(&w).expect("workload")
+        })
+    };
+    // Wait for a request to wait for the limit.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while api.ok("export_get", json!({"id": "slow"}))["status"]["counters"]["throttled"]
+        .as_u64()
+        .expect("a throttled counter")
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client's requests were never throttled"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resize = |size: &'static str| {
+        let api_sock = dir.join("api.sock");
+        std::thread::spawn(move || {
+            let mut api = Api::connect(&api_sock);
+            let t = std::time::Instant::now();
+            api.ok("export_resize", json!({"id": "slow", "size": size}));
+            t.elapsed()
+        })
+    };
+    let first = resize("128M");
+    std::thread::sleep(Duration::from_millis(300));
+    let second = resize("256M");
+    std::thread::sleep(Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    assert_eq!(ids(&mut api), ["slow", "other"]);
+    api.ok("export_get", json!({"id": "other"}));
+    let answered = t.elapsed();
+    let first = first.join().unwrap();
+    let second = second.join().unwrap();
+    assert!(
+        first > Duration::from_secs(1),
+        "the resize took {first:?}: too fast to show anything (is the QoS limit in force?)"
+    );
+    assert!(
+        answered < Duration::from_millis(500) && answered < first / 2,
+        "export_list and export_get took {answered:?} while a resize took {first:?}"
+    );
+    let got = api.ok("export_get", json!({"id": "slow"}));
+    assert_eq!(
+        got["status"]["capacity"],
+        256 * MIB,
+        "{got}; second resize took {second:?}"
+    );
+    let r = client.join().unwrap();
+    assert!(r.clean(), "{r}");
+    assert!(d.stop().success());
+}

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use mqblk_client::{fill_pattern, run, Client, IoError};
+use support::api::Api;
 use support::ceph::Ceph;
 use support::daemon::*;
 use support::proc::Proc;
@@ -355,6 +356,51 @@ fn stopped_monitor_fails_start_within_the_timeout() {
         t.elapsed() >= Duration::from_secs(4),
         "gave up before the timeout: {e}"
     );
+
+    // The same export added through the management API fails the same way, and while it
+    // tries, the API answers everything else at once.
+    let api_sock = dir.join("api.sock");
+    let mut other = Export::file(dir.join("other.sock"), "unused").set("engine", "null");
+    other.path = None;
+    other.size = Some(MIB);
+    let mut d = Daemon::start_args(
+        &dir,
+        &[other],
+        &["--api-socket", api_sock.to_str().unwrap()],
+    );
+    let mut params = serde_json::Map::new();
+    for (k, v) in ceph.export_keys("rbd", "any") {
+        params.insert(k, v.into());
+    }
+    params.insert("socket".into(), sock.to_str().unwrap().into());
+    params.insert("timeout".into(), "5".into());
+    let add = {
+        let api_sock = api_sock.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = Api::connect(&api_sock).call("export_add", params.into());
+            (r, t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let mut api = Api::connect(&api_sock);
+    let t = Instant::now();
+    let list = api.ok("export_list", serde_json::json!({}));
+    let answered = t.elapsed();
+    let (added, took) = add.join().unwrap();
+    let e = added.expect_err("an export on a stopped monitor started");
+    assert!(e.1.contains("no Ceph monitor answered within 5 s"), "{e:?}");
+    assert!(
+        took >= Duration::from_secs(4),
+        "export_add gave up after {took:?}: too soon to show anything"
+    );
+    assert!(
+        answered < Duration::from_secs(1),
+        "export_list took {answered:?} while export_add waited for the monitor"
+    );
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    assert!(!sock.exists(), "a failed export_add left its socket behind");
+    assert!(d.stop().success());
 }
 
 /// With the OSD stopped while a client writes, requests fail with IOERR within `timeout=` (no

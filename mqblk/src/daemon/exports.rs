@@ -1,10 +1,15 @@
 //! The running exports, by id: what `serve` starts and the management API adds, removes and
 //! resizes. Each export is independent; adding or removing one never touches another's I/O
 //! threads or connection.
+//!
+//! The registry's lock is held only to look exports up, never across slow work: an export's
+//! start (an rbd connect may take up to its `timeout=`), a resize (it waits for the requests in
+//! flight) or a drain runs with the lock released, so that listing, metrics scrapes and the
+//! watchdog's health check never wait behind them.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::error::Error;
 use super::export::Export;
@@ -14,8 +19,10 @@ use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 /// The daemon's exports.
 #[derive(Default)]
 pub struct Exports {
-    /// Held while an export starts (control plane only).
     running: Mutex<Running>,
+    /// Signalled, under `running`'s lock, when an export has finished starting or a
+    /// management request has let go of one (see [`Exports::drain`]).
+    changed: Condvar,
     /// Set by the API's `shutdown`; the main thread drains and exits.
     shutdown: AtomicBool,
 }
@@ -23,15 +30,18 @@ pub struct Exports {
 /// The exports and whether more may start.
 #[derive(Default)]
 struct Running {
-    /// In the order they were added.
-    exports: Vec<Export>,
+    /// In the order they were added. A management request that works on one holds a clone
+    /// while it runs.
+    exports: Vec<Arc<Export>>,
+    /// The settings of exports being started: their ids and sockets are taken.
+    starting: Vec<ExportConfig>,
     /// Set by [`Exports::stop_all`]: the daemon is shutting down and starts no more exports
     /// (an API client connected before the API stopped may still ask).
     closed: bool,
 }
 
 impl Exports {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+    fn lock(&self) -> MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -46,24 +56,37 @@ impl Exports {
         cfg: ExportConfig,
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
+        {
+            let mut running = self.lock();
+            if running.closed {
+                return Err(Error::ShuttingDown);
+            }
+            let taken = running.exports.iter().map(|e| e.device().config());
+            if let Some(e) = taken
+                .chain(&running.starting)
+                .find_map(|other| config::clash(&cfg, other))
+            {
+                return Err(match e {
+                    ConfigError::SharedSocket(_) => Error::SocketTaken(cfg.socket),
+                    ConfigError::SharedFd(fd) => Error::FdTaken(fd),
+                    _ => Error::IdTaken(cfg.id),
+                });
+            }
+            running.starting.push(cfg.clone());
+        }
+        let id = cfg.id.clone();
+        let started = Export::start_activated(cfg, activated);
         let mut running = self.lock();
+        running.starting.retain(|c| c.id != id);
+        self.changed.notify_all();
+        let export = started?;
         if running.closed {
+            drop(running);
+            export.shutdown();
             return Err(Error::ShuttingDown);
         }
-        if let Some(e) = running
-            .exports
-            .iter()
-            .find_map(|e| config::clash(&cfg, e.device().config()))
-        {
-            return Err(match e {
-                ConfigError::SharedSocket(_) => Error::SocketTaken(cfg.socket),
-                ConfigError::SharedFd(fd) => Error::FdTaken(fd),
-                _ => Error::IdTaken(cfg.id),
-            });
-        }
-        let export = Export::start_activated(cfg, activated)?;
         let status = export.status();
-        running.exports.push(export);
+        running.exports.push(Arc::new(export));
         Ok(status)
     }
 
@@ -83,24 +106,30 @@ impl Exports {
             running.exports.remove(i)
         };
         tracing::info!(id, ?mode, "removing export");
-        export.shutdown();
+        self.drain(export);
         Ok(())
     }
 
     /// Every export's status.
     pub fn statuses(&self) -> Vec<ExportStatus> {
-        self.lock().exports.iter().map(Export::status).collect()
+        self.lock().exports.iter().map(|e| e.status()).collect()
     }
 
-    /// Runs `f` on the export `id`.
+    /// Runs `f` on the export `id`, with the registry unlocked.
     fn with<T>(&self, id: &str, f: impl FnOnce(&Export) -> T) -> Result<T, Error> {
-        let running = self.lock();
-        let e = running
+        let export = self
+            .lock()
             .exports
             .iter()
             .find(|e| e.device().config().id == id)
+            .cloned()
             .ok_or_else(|| Error::NoSuchExport(id.into()))?;
-        Ok(f(e))
+        let result = f(&export);
+        drop(export);
+        // A removal may be waiting for this request to let go.
+        let _running = self.lock();
+        self.changed.notify_all();
+        Ok(result)
     }
 
     /// The id of an export whose listener or an I/O thread has stopped, if any.
@@ -117,21 +146,48 @@ impl Exports {
         self.shutdown.load(Ordering::SeqCst)
     }
 
-    /// Drains and removes every export, the last added first; no export starts afterwards.
+    /// Drains and removes every export, the last added first, once the exports still starting
+    /// have started (they are drained too); no export starts afterwards.
     pub fn stop_all(&self) {
         let all = {
             let mut running = self.lock();
             running.closed = true;
+            while !running.starting.is_empty() {
+                running = self
+                    .changed
+                    .wait(running)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
             std::mem::take(&mut running.exports)
         };
         for e in all.into_iter().rev() {
-            e.shutdown();
+            self.drain(e);
         }
     }
 
     /// Runs `f` with the running exports (for the stats file).
-    pub fn each<T>(&self, f: impl FnOnce(&[Export]) -> T) -> T {
+    pub fn each<T>(&self, f: impl FnOnce(&[Arc<Export>]) -> T) -> T {
         f(&self.lock().exports)
+    }
+
+    /// Drains an export already taken out of the registry, once the management requests
+    /// still working on it (a resize, say) are done: no new one can find it.
+    fn drain(&self, mut export: Arc<Export>) {
+        let mut running = self.lock();
+        let export = loop {
+            match Arc::try_unwrap(export) {
+                Ok(e) => break e,
+                Err(in_use) => {
+                    export = in_use;
+                    running = self
+                        .changed
+                        .wait(running)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        };
+        drop(running);
+        export.shutdown();
     }
 }
 

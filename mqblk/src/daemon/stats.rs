@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::export::Export;
 use crate::io::IoCounters;
 
@@ -35,7 +37,7 @@ pub struct StatsFile {
 }
 
 /// The stats of `running`.
-pub fn collect(running: &[Export]) -> StatsFile {
+pub fn collect(running: &[Arc<Export>]) -> StatsFile {
     StatsFile {
         exports: running
             .iter()
@@ -51,7 +53,7 @@ pub fn collect(running: &[Export]) -> StatsFile {
 
 /// Writes the stats of `running` to `path` atomically (a temporary file beside it, then a
 /// rename), so that a reader never sees half a file.
-pub fn write(running: &[Export], path: &Path) {
+pub fn write(running: &[Arc<Export>], path: &Path) {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let text = serde_json::to_string(&collect(running)).expect("stats serialise");
     let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
@@ -73,7 +75,7 @@ pub struct SharedFilesystemCheck {
 
 impl SharedFilesystemCheck {
     /// Checks the exports of `running` not seen before against the stats file `path`.
-    pub fn check(&mut self, running: &[Export], path: &Path) {
+    pub fn check(&mut self, running: &[Arc<Export>], path: &Path) {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),

@@ -19,6 +19,10 @@ pub struct Device {
     threads: Vec<IoThreadHandle>,
     /// Changes only on an online resize (control plane).
     config_space: Mutex<ConfigSpace>,
+    /// Held through a resize: two at once would interleave the threads' capacity and the
+    /// store's. (Not `config_space`'s lock: the frontend's GET_CONFIG must not wait for the
+    /// requests in flight.)
+    resizing: Mutex<()>,
 }
 
 impl Device {
@@ -80,6 +84,7 @@ impl Device {
             engine,
             threads,
             config_space: Mutex::new(ConfigSpace::new(&geometry)),
+            resizing: Mutex::new(()),
         })
     }
 
@@ -104,6 +109,7 @@ impl Device {
     /// then the store shrinks; a disk that grows first grows its store. The frontend still has
     /// to be told ([`Session::config_change_channel`](super::Session::config_change_channel)).
     pub fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
+        let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.engine.capacity();
         let new = match size {
             Some(s) if s < current => {
