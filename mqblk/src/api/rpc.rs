@@ -130,34 +130,12 @@ fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<Atom
 
 /// Root and the daemon's own user may manage it; nobody else.
 fn check_peer(stream: &UnixStream) -> Result<(), String> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cred`, which outlives the call.
-    let r = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
+    let cred = rustix::net::sockopt::socket_peercred(stream)
+        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+    let (uid, me) = (cred.uid.as_raw(), rustix::process::geteuid().as_raw());
+    if uid != 0 && uid != me {
         return Err(format!(
-            "cannot read the peer's credentials: {}",
-            io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if cred.uid != 0 && cred.uid != me {
-        return Err(format!(
-            "uid {} may not manage this daemon (only root and uid {me})",
-            cred.uid
+            "uid {uid} may not manage this daemon (only root and uid {me})"
         ));
     }
     Ok(())
@@ -501,7 +479,9 @@ pub fn config_toml(exports: &[ExportConfig]) -> String {
     out
 }
 
-fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+/// Writes `text` to `path` through a temporary file beside it and a rename, so that a reader
+/// sees the old file or the new one, never half of one (save_config, the stats file).
+pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::export::Export;
+use crate::api::rpc::write_atomically;
 use crate::io::IoCounters;
 
 /// How often the stats file is rewritten.
@@ -51,13 +52,10 @@ pub fn collect(running: &[Arc<Export>]) -> StatsFile {
     }
 }
 
-/// Writes the stats of `running` to `path` atomically (a temporary file beside it, then a
-/// rename), so that a reader never sees half a file.
+/// Writes the stats of `running` to `path`; a reader never sees half a file.
 pub fn write(running: &[Arc<Export>], path: &Path) {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
     let text = serde_json::to_string(&collect(running)).expect("stats serialise");
-    let r = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = r {
+    if let Err(e) = write_atomically(path, &text) {
         tracing::warn!(path = %path.display(), err = %e, "cannot write the stats file");
     }
 }

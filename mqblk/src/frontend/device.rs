@@ -142,18 +142,10 @@ impl Device {
     /// Gives every I/O thread the new capacity and waits until each has finished the
     /// requests it had in flight before.
     fn set_thread_capacity(&self, sectors: u64) {
-        let replies: Vec<_> = self
-            .threads
-            .iter()
-            .map(|t| {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                t.send(Command::SetCapacity { sectors, reply: tx });
-                rx
-            })
-            .collect();
-        for rx in replies {
-            let _ = rx.recv();
-        }
+        io::send_all_and_wait(&self.threads, |_, reply| Command::SetCapacity {
+            sectors,
+            reply,
+        });
     }
 
     /// The I/O threads.

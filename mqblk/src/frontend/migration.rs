@@ -9,13 +9,12 @@
 //! [`DirtyLog::map`]), a log smaller than guest memory, a used ring logged beyond the log.
 //! Ignored with a log line: VHOST_F_LOG_ALL without a log (nothing is logged until one comes).
 
-use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, OnceLock};
 
 use super::device::Device;
 use super::error::{Error, Result};
 use crate::io::dirty_log::DirtyLog;
-use crate::io::{used_ring_len, Command};
+use crate::io::{self, used_ring_len, Command};
 
 /// Set to 1 in the environment of a debug build, mqblk accepts and acknowledges dirty logging
 /// but marks nothing: the migration tests use it to show that they catch a backend that does
@@ -131,23 +130,11 @@ impl Migration {
             }
             v[local] = addr;
         }
-        let replies: Vec<_> = device
-            .threads()
-            .iter()
-            .zip(used)
-            .map(|(t, used)| {
-                let (tx, rx) = sync_channel(1);
-                t.send(Command::SetDirtyLog {
-                    log: log.clone(),
-                    used,
-                    reply: tx,
-                });
-                rx
-            })
-            .collect();
-        for rx in replies {
-            let _ = rx.recv();
-        }
+        io::send_all_and_wait(device.threads(), |t, reply| Command::SetDirtyLog {
+            log: log.clone(),
+            used: std::mem::take(&mut used[t]),
+            reply,
+        });
     }
 }
 

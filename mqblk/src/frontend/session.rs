@@ -33,7 +33,7 @@ use super::vring::VringSetup;
 use crate::blk::{CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};
 use crate::io::dirty_log::DirtyLog;
 use crate::io::inflight::InflightRegion;
-use crate::io::{Command, GuestMemory};
+use crate::io::{self, Command, GuestMemory};
 
 /// One frontend connection's state.
 pub struct Session {
@@ -177,14 +177,10 @@ impl Session {
     /// Hands every I/O thread the new guest memory and waits until each has it (a thread
     /// swaps only when none of its requests is in flight).
     fn set_memory(&mut self, mem: Option<Arc<GuestMemory>>) {
-        for t in self.device.threads() {
-            let (tx, rx) = sync_channel(1);
-            t.send(Command::SetMem {
-                mem: mem.clone(),
-                reply: tx,
-            });
-            let _ = rx.recv();
-        }
+        io::send_all_and_wait(self.device.threads(), |_, reply| Command::SetMem {
+            mem: mem.clone(),
+            reply,
+        });
     }
 
     fn set_writeback(&mut self, writeback: bool) {

@@ -142,6 +142,28 @@ pub enum Command {
     Shutdown,
 }
 
+/// Sends every thread in `threads` the command `command` builds for it (from the thread's
+/// index and where to acknowledge), then waits until each has acknowledged: the control plane's
+/// way to change something on all of an export's threads at once.
+pub fn send_all_and_wait(
+    threads: &[IoThreadHandle],
+    mut command: impl FnMut(usize, SyncSender<()>) -> Command,
+) {
+    let acks: Vec<_> = threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            t.send(command(i, tx));
+            rx
+        })
+        .collect();
+    for rx in acks {
+        // An error means the thread has gone, with nothing left to wait for.
+        let _ = rx.recv();
+    }
+}
+
 /// Static settings of an I/O thread.
 pub struct IoThreadConfig {
     /// Thread name.
