@@ -184,6 +184,64 @@ fn discard_and_write_zeroes_read_back_as_zeroes() {
     );
 }
 
+/// An image mqblk creates (`size=`) has `layering` only; serving an image that has the
+/// exclusive lock warns when several I/O threads would write through their own handles, and
+/// only then (one thread, or read-only, does not). Writes through both queues still land.
+#[test]
+fn exclusive_lock_warns_only_when_several_threads_write() {
+    const WARNING: &str = "the image has the exclusive-lock feature";
+    let ceph = cluster();
+    let dir = TestDir::new();
+    let sock = dir.join("vhost.sock");
+
+    let created = rbd_export(ceph, &sock, "rbd", "created-by-mqblk")
+        .mapping(Mapping::PerQueue(2))
+        .set("size", &IMG_SIZE.to_string());
+    let daemon = Daemon::start(&dir, &[created]);
+    let log = daemon.log();
+    daemon.terminate();
+    let features = ceph.features("rbd", "created-by-mqblk");
+    assert!(
+        features.contains("layering") && !features.contains("exclusive-lock"),
+        "an image mqblk created: {features}"
+    );
+    assert!(!log.contains(WARNING), "warned about its own image:\n{log}");
+
+    ceph.create_image("rbd", "xlock", IMG_SIZE, true);
+    let features = ceph.features("rbd", "xlock");
+    assert!(features.contains("exclusive-lock"), "{features}");
+    let cases = [
+        (Mapping::PerQueue(2), false, true),
+        (Mapping::Mq(2), false, false),
+        (Mapping::PerQueue(2), true, false),
+    ];
+    for (mapping, readonly, warns) in cases {
+        let mut export = rbd_export(ceph, &sock, "rbd", "xlock").mapping(mapping);
+        if readonly {
+            export = export.readonly();
+        }
+        let daemon = Daemon::start(&dir, &[export]);
+        if !readonly {
+            let mut c = Client::connect(&sock, 2).expect("connect");
+            for q in 0..2 {
+                let off = q as u64 * MIB;
+                let data = pattern(64 * KIB as usize, off, 0x10c + q as u64);
+                c.write(q, off, &data).expect("write");
+                let back = c.read_vec(1 - q, off, data.len()).expect("read back");
+                assert_bytes_eq(&back, &data, off, &format!("{mapping:?}, queue {q}"));
+            }
+        }
+        let log = daemon.log();
+        daemon.terminate();
+        assert_eq!(
+            log.contains(WARNING),
+            warns,
+            "{mapping:?}, readonly={readonly}: warned {} expected {warns}\n{log}",
+            !warns
+        );
+    }
+}
+
 /// A read-only export offers VIRTIO_BLK_F_RO, serves reads, and refuses a write that bypasses
 /// libblkio's own check; the image is unchanged.
 #[test]
