@@ -346,7 +346,7 @@ fn qos_pairs(qos: &QosConfig) -> Map<String, Value> {
     };
     keys::pairs(&cfg)
         .into_iter()
-        .filter(|(k, _)| crate::config::qos::is_qos_key(k))
+        .filter(|(k, _)| keys::is_qos_key(k))
         .map(|(k, v)| (k.to_string(), Value::String(v)))
         .collect()
 }

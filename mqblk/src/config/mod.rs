@@ -211,7 +211,7 @@ impl ExportConfig {
         }
     }
 
-    /// Builds an export from `(key, value)` pairs, checking each against [`keys::KEYS`] and
+    /// Builds an export from `(key, value)` pairs, checking each against [`keys::keys`] and
     /// then the export as a whole.
     pub fn from_pairs<'a>(
         pairs: impl IntoIterator<Item = (&'a str, String)>,
@@ -349,7 +349,7 @@ pub fn qos_from_pairs<'a>(
 ) -> Result<QosConfig, ConfigError> {
     let cfg = apply_pairs(pairs, |name| {
         keys::key(name)
-            .filter(|k| qos::is_qos_key(k.name))
+            .filter(|k| keys::is_qos_key(k.name))
             .ok_or_else(|| ConfigError::NotQos(name.into()))
     })?;
     let qos = cfg.qos.unwrap_or_default();

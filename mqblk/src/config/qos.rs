@@ -64,27 +64,11 @@ impl Bucket {
         Bucket::BpsWrite,
     ];
 
-    /// The keys of this limit: `(rate, burst rate, burst length)`.
+    /// The keys of this limit: `(rate, burst rate, burst length)` (named in the key table).
     pub fn keys(self) -> (&'static str, &'static str, &'static str) {
-        match self {
-            Bucket::IopsTotal => ("iops-total", "iops-total-max", "iops-total-max-length"),
-            Bucket::IopsRead => ("iops-read", "iops-read-max", "iops-read-max-length"),
-            Bucket::IopsWrite => ("iops-write", "iops-write-max", "iops-write-max-length"),
-            Bucket::BpsTotal => ("bps-total", "bps-total-max", "bps-total-max-length"),
-            Bucket::BpsRead => ("bps-read", "bps-read-max", "bps-read-max-length"),
-            Bucket::BpsWrite => ("bps-write", "bps-write-max", "bps-write-max-length"),
-        }
+        let [rate, max, len] = &super::keys::QOS_LIMITS[self as usize];
+        (rate.name, max.name, len.name)
     }
-}
-
-/// Whether `name` is one of the QoS keys (the limits, `iops-size`, `group`).
-pub fn is_qos_key(name: &str) -> bool {
-    name == "iops-size"
-        || name == "group"
-        || Bucket::ALL.iter().any(|b| {
-            let (rate, max, len) = b.keys();
-            [rate, max, len].contains(&name)
-        })
 }
 
 /// An export's QoS: its limits, how requests are counted, and whether the limits are shared.
