@@ -23,12 +23,6 @@ const IMG_SIZE: u64 = 8 * MIB;
 const OLD_SEED: u64 = 0x01d_da7a;
 const BS: usize = 4096;
 
-fn pattern(len: usize, offset: u64, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    fill_pattern(&mut v, offset, seed);
-    v
-}
-
 fn expect_errno(r: Result<(), IoError>, errno: i32, what: &str) {
     match r {
         Err(IoError::Failed { errno: e, .. }) if e == errno => {}

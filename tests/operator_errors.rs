@@ -8,73 +8,14 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mqblk_client::{fill_pattern, Client};
 use support::daemon::*;
 
-/// Runs `mqblk serve ARGS` that must fail at startup: returns its last stderr line after
-/// checking that it exited non-zero within 10 s and that the line is one clear error.
-fn serve_fails(args: &[String], setup: impl FnOnce(&mut Command)) -> String {
-    let stderr = serve_fails_stderr(args, setup);
-    let last = stderr.lines().last().unwrap_or_default().to_string();
-    assert!(
-        last.starts_with("mqblk: error: ") && last.len() > "mqblk: error: ".len() + 10,
-        "mqblk serve {args:?}: the last line is not one clear error: {last:?}\nstderr:\n{stderr}"
-    );
-    last
-}
-
-/// Like [`serve_fails`], for errors that may span lines (a TOML parse error quotes the file):
-/// returns all of stderr from the `mqblk: error:` line on.
-fn serve_fails_stderr(args: &[String], setup: impl FnOnce(&mut Command)) -> String {
-    let mut cmd = Command::new(mqblk_bin());
-    cmd.arg("serve").args(args);
-    setup(&mut cmd);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawning mqblk");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if child.try_wait().expect("waitpid").is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            child.kill().ok();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "mqblk serve {args:?} is still running after 10 s: it should have refused to start\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(
-        !out.status.success(),
-        "mqblk serve {args:?} exited 0; stderr:\n{stderr}"
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "mqblk serve {args:?}: expected exit code 1 (killed by a signal?); stderr:\n{stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "mqblk serve {args:?} panicked:\n{stderr}"
-    );
-    let at = stderr
-        .find("mqblk: error: ")
-        .unwrap_or_else(|| panic!("mqblk serve {args:?}: no 'mqblk: error:' line:\n{stderr}"));
-    stderr[at..].trim_end().to_string()
-}
-
-fn export_arg(spec: &str) -> Vec<String> {
-    vec!["--export".into(), spec.into()]
-}
+/// How long `mqblk serve` may take to refuse bad input.
+const START: Duration = Duration::from_secs(10);
 
 /// Asserts that `line` contains every one of `want`.
 fn says(line: &str, want: &[&str], what: &str) {
@@ -237,7 +178,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ));
     }
     for (spec, want) in &cases {
-        let line = serve_fails(&export_arg(spec), |_| {});
+        let line = serve_fails(&export_arg(spec), START);
         says(&line, want, spec);
         assert!(
             line.contains("--export"),
@@ -246,11 +187,11 @@ fn bad_export_values_are_refused_with_the_key_named() {
     }
 
     // Whole-command errors.
-    let line = serve_fails(&[], |_| {});
+    let line = serve_fails(&[], START);
     says(&line, &["no export given"], "no --export");
     let mut two = export_arg(&null);
     two.extend(export_arg(&null));
-    let line = serve_fails(&two, |_| {});
+    let line = serve_fails(&two, START);
     says(
         &line,
         &["two exports use socket=", "its own socket"],
@@ -258,14 +199,14 @@ fn bad_export_values_are_refused_with_the_key_named() {
     );
     let mut two_fds = export_arg("fd=3,id=a,engine=null,size=1M");
     two_fds.extend(export_arg("fd=3,id=b,engine=null,size=1M"));
-    let line = serve_fails(&two_fds, |_| {});
+    let line = serve_fails(&two_fds, START);
     says(&line, &["two exports use fd=3"], "same fd twice");
     // The metrics port is taken before any export starts: nothing is left behind.
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
     let mut metrics = export_arg(&null);
     metrics.extend(["--metrics".to_string(), addr.clone()]);
-    let line = serve_fails(&metrics, |_| {});
+    let line = serve_fails(&metrics, START);
     says(
         &line,
         &[&format!("cannot serve metrics on {addr}"), "in use"],
@@ -290,15 +231,15 @@ fn bad_export_values_are_refused_with_the_key_named() {
     // Two members of one throttle group with different limits: the second is refused when
     // it starts, and neither leaves its socket behind.
     let (ga, gb) = (dir.join("ga.sock"), dir.join("gb.sock"));
-    let mut group = export_arg(&format!(
+    let mut group = export_arg(format!(
         "socket={},engine=null,size=1M,iops-total=100,group=g",
         ga.display()
     ));
-    group.extend(export_arg(&format!(
+    group.extend(export_arg(format!(
         "socket={},engine=null,size=1M,iops-total=200,group=g",
         gb.display()
     )));
-    let line = serve_fails(&group, |_| {});
+    let line = serve_fails(&group, START);
     says(
         &line,
         &[
@@ -313,10 +254,10 @@ fn bad_export_values_are_refused_with_the_key_named() {
     );
     let mut lvl = export_arg(&null);
     lvl.extend(["--log-level".to_string(), "chatty".to_string()]);
-    let line = serve_fails(&lvl, |_| {});
+    let line = serve_fails(&lvl, START);
     says(&line, &["invalid --log-level chatty"], "--log-level chatty");
     let missing = dir.join("nope.toml");
-    let line = serve_fails(&["--config".into(), missing.display().to_string()], |_| {});
+    let line = serve_fails(&["--config".into(), missing.display().to_string()], START);
     says(
         &line,
         &["cannot read --config", "nope.toml"],
@@ -331,7 +272,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ),
     )
     .unwrap();
-    let line = serve_fails(&["--config".into(), bad_toml.display().to_string()], |_| {});
+    let line = serve_fails(&["--config".into(), bad_toml.display().to_string()], START);
     says(
         &line,
         &["[[export]] #1", "invalid queues=99"],
@@ -341,7 +282,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
     std::fs::write(&bad_key, "[[export]]\nsokcet = \"/tmp/x\"\n").unwrap();
     // A TOML syntax or schema error quotes the offending line: several lines, the first one
     // naming the file.
-    let text = serve_fails_stderr(&["--config".into(), bad_key.display().to_string()], |_| {});
+    let text = serve_fails_stderr(&["--config".into(), bad_key.display().to_string()], START);
     says(
         &text,
         &["--config", "badkey.toml", "unknown field `sokcet`"],
@@ -355,14 +296,14 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     let dir = TestDir::new();
     let sock = dir.join("s.sock");
     let spec = |path: &Path, extra: &str| {
-        export_arg(&format!(
+        export_arg(format!(
             "socket={},path={}{extra}",
             sock.display(),
             path.display()
         ))
     };
 
-    let line = serve_fails(&spec(&dir.join("missing.img"), ""), |_| {});
+    let line = serve_fails(&spec(&dir.join("missing.img"), ""), START);
     says(
         &line,
         &["missing.img does not exist", "pass size=BYTES"],
@@ -370,10 +311,10 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     );
     let link = dir.join("dangling.img");
     std::os::unix::fs::symlink(dir.join("gone"), &link).unwrap();
-    let line = serve_fails(&spec(&link, ""), |_| {});
+    let line = serve_fails(&spec(&link, ""), START);
     says(&line, &["dangling.img does not exist"], "dangling symlink");
     let img = dir.image("disk.img", 4 * MIB, None);
-    let line = serve_fails(&spec(&img, ",size=8M"), |_| {});
+    let line = serve_fails(&spec(&img, ",size=8M"), START);
     says(
         &line,
         &["size=8388608 but", "is 4194304 bytes"],
@@ -381,20 +322,20 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     );
     let tiny = dir.join("tiny.img");
     std::fs::write(&tiny, [0u8; 100]).unwrap();
-    let line = serve_fails(&spec(&tiny, ",direct=off"), |_| {});
+    let line = serve_fails(&spec(&tiny, ",direct=off"), START);
     says(
         &line,
         &["tiny.img is smaller than 512 bytes"],
         "100-byte image",
     );
     let notdir = dir.join("disk.img").join("inside.img");
-    let line = serve_fails(&spec(&notdir, ""), |_| {});
+    let line = serve_fails(&spec(&notdir, ""), START);
     says(
         &line,
         &["inside.img", "Not a directory"],
         "image path under a regular file",
     );
-    let line = serve_fails(&spec(dir.path(), ",direct=off"), |_| {});
+    let line = serve_fails(&spec(dir.path(), ",direct=off"), START);
     says(
         &line,
         &["cannot open", "Is a directory"],
@@ -411,7 +352,7 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     write_image(&locked, MIB, None);
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
     let lsock = locked_dir.join("l.sock");
-    let args = export_arg(&format!(
+    let args = export_arg(format!(
         "socket={},path={},direct=off",
         lsock.display(),
         locked.display()
@@ -419,7 +360,7 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
-        let line = serve_fails(&args, |_| {});
+        let line = serve_fails(&args, START);
         says(
             &line,
             &["cannot open", "locked.img", "Permission denied"],
@@ -461,7 +402,7 @@ fn unusable_images_and_sockets_are_refused_clearly() {
         let ro_img = m.path().join("disk.img");
         write_image(&ro_img, MIB, None);
         m.remount_ro();
-        let line = serve_fails(&spec(&ro_img, ",direct=off"), |_| {});
+        let line = serve_fails(&spec(&ro_img, ",direct=off"), START);
         says(
             &line,
             &["cannot open", "Read-only file system"],
@@ -482,13 +423,13 @@ fn unusable_images_and_sockets_are_refused_clearly() {
     if let Some(m) = Mount::new(&dir, "ramfs", "ramfs", "") {
         let r_img = m.path().join("disk.img");
         write_image(&r_img, MIB, None);
-        let line = serve_fails(&spec(&r_img, ""), |_| {});
+        let line = serve_fails(&spec(&r_img, ""), START);
         says(
             &line,
             &["refuses O_DIRECT", "pass direct=off"],
             "direct=on on ramfs",
         );
-        let line = serve_fails(&spec(&r_img, ",direct=on"), |_| {});
+        let line = serve_fails(&spec(&r_img, ",direct=on"), START);
         says(
             &line,
             &["refuses O_DIRECT", "pass direct=off"],
@@ -507,12 +448,8 @@ fn busy_or_wrong_socket_paths_are_refused() {
     // Another mqblk on the same socket: refused, and the first keeps serving.
     let img2 = dir.image("disk2.img", 4 * MIB, None);
     let line = serve_fails(
-        &export_arg(&format!(
-            "socket={},path={}",
-            sock.display(),
-            img2.display()
-        )),
-        |_| {},
+        &export_arg(format!("socket={},path={}", sock.display(), img2.display())),
+        START,
     );
     says(
         &line,
@@ -527,8 +464,8 @@ fn busy_or_wrong_socket_paths_are_refused() {
     let file = dir.join("file.sock");
     std::fs::write(&file, b"precious").unwrap();
     let line = serve_fails(
-        &export_arg(&format!("socket={},engine=null,size=1M", file.display())),
-        |_| {},
+        &export_arg(format!("socket={},engine=null,size=1M", file.display())),
+        START,
     );
     says(
         &line,
@@ -540,8 +477,8 @@ fn busy_or_wrong_socket_paths_are_refused() {
     // A directory that does not exist.
     let nodir = dir.join("no/such/dir/x.sock");
     let line = serve_fails(
-        &export_arg(&format!("socket={},engine=null,size=1M", nodir.display())),
-        |_| {},
+        &export_arg(format!("socket={},engine=null,size=1M", nodir.display())),
+        START,
     );
     says(
         &line,
@@ -552,12 +489,12 @@ fn busy_or_wrong_socket_paths_are_refused() {
     // The second of two exports fails: the whole start fails, and the first one's socket is
     // not left behind.
     let a = dir.join("first.sock");
-    let mut args = export_arg(&format!("socket={},engine=null,size=1M", a.display()));
-    args.extend(export_arg(&format!(
+    let mut args = export_arg(format!("socket={},engine=null,size=1M", a.display()));
+    args.extend(export_arg(format!(
         "socket={},engine=null,size=1M",
         file.display()
     )));
-    let line = serve_fails(&args, |_| {});
+    let line = serve_fails(&args, START);
     says(
         &line,
         &["file.sock exists and is not a socket"],
@@ -571,11 +508,11 @@ fn busy_or_wrong_socket_paths_are_refused() {
     let before = std::fs::read(&typo).unwrap();
     let b = dir.join("before-api.sock");
     let mut args = vec!["--api-socket".to_string(), typo.display().to_string()];
-    args.extend(export_arg(&format!(
+    args.extend(export_arg(format!(
         "socket={},engine=null,size=1M",
         b.display()
     )));
-    let line = serve_fails(&args, |_| {});
+    let line = serve_fails(&args, START);
     says(
         &line,
         &[

@@ -13,11 +13,11 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{fill_pattern, run, Client, IoError};
+use mqblk_client::{run, Client, IoError};
 use support::api::Api;
 use support::ceph::Ceph;
 use support::daemon::*;
@@ -54,12 +54,6 @@ fn rbd_export(ceph: &Ceph, socket: &Path, pool: &str, image: &str) -> Export {
         e = e.set(&k, &v);
     }
     e
-}
-
-fn pattern(len: usize, offset: u64, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    fill_pattern(&mut v, offset, seed);
-    v
 }
 
 /// A pattern write + read-back with 2 jobs over the export's queues, then a write on each queue
@@ -284,43 +278,6 @@ fn readonly_refuses_writes() {
     );
 }
 
-/// Runs `mqblk serve --export SPEC`, which must fail to start within `within`: returns its
-/// `mqblk: error:` line, after checking it is the last line of stderr and says what is wrong.
-fn serve_fails(spec: &str, within: Duration) -> String {
-    let started = Instant::now();
-    let mut child = Command::new(mqblk_bin())
-        .args(["serve", "--export", spec])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mqblk");
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > within {
-            child.kill().ok();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "mqblk serve {spec} still running after {within:?}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{spec}: {stderr}");
-    let last = stderr.lines().last().unwrap_or_default().to_string();
-    assert!(
-        last.starts_with("mqblk: error: ") && !stderr.contains("panicked"),
-        "{spec}: the last line is not one clear error:\n{stderr}"
-    );
-    eprintln!(
-        "{spec}\n  -> {last} ({:.1} s)",
-        started.elapsed().as_secs_f64()
-    );
-    last
-}
-
 /// The export spec of `ceph`'s `pool/image` with `extra` keys.
 fn spec(ceph: &Ceph, sock: &Path, pool: &str, image: &str, extra: &str) -> String {
     let mut s = rbd_export(ceph, sock, pool, image).spec();
@@ -340,10 +297,16 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
     let sock = dir.join("vhost.sock");
     let limit = Duration::from_secs(20);
 
-    let e = serve_fails(&spec(ceph, &sock, "nosuchpool", "exists", ""), limit);
+    let e = serve_fails(
+        &export_arg(spec(ceph, &sock, "nosuchpool", "exists", "")),
+        limit,
+    );
     assert!(e.contains("pool nosuchpool does not exist"), "{e}");
 
-    let e = serve_fails(&spec(ceph, &sock, "rbd", "nosuchimage", ""), limit);
+    let e = serve_fails(
+        &export_arg(spec(ceph, &sock, "rbd", "nosuchimage", "")),
+        limit,
+    );
     assert!(
         e.contains("image rbd/nosuchimage does not exist") && e.contains("size="),
         "{e}"
@@ -361,7 +324,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         &format!("keyring={}", ceph.keyring.display()),
         &format!("keyring={}", bad.display()),
     );
-    let e = serve_fails(&s, limit);
+    let e = serve_fails(&export_arg(s.as_str()), limit);
     assert!(
         e.contains("refused client.admin's credentials") && e.contains("keyring="),
         "{e}"
@@ -372,7 +335,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         &format!("keyring={}", ceph.keyring.display()),
         "keyring=/nonexistent/ceph.keyring",
     );
-    let e = serve_fails(&s, limit);
+    let e = serve_fails(&export_arg(s.as_str()), limit);
     assert!(
         e.contains("cannot read the keyring /nonexistent/ceph.keyring"),
         "{e}"
@@ -380,7 +343,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
 
     // librbd's cache with several writing I/O threads (each would have its own cache).
     let e = serve_fails(
-        &spec(ceph, &sock, "rbd", "exists", "direct=off,queues=2"),
+        &export_arg(spec(ceph, &sock, "rbd", "exists", "direct=off,queues=2")),
         limit,
     );
     assert!(
@@ -390,7 +353,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
 
     // A keyring without the user's key at all.
     let s = spec(ceph, &sock, "rbd", "exists", "user=nobody");
-    let e = serve_fails(&s, limit);
+    let e = serve_fails(&export_arg(s.as_str()), limit);
     assert!(e.contains("client.nobody"), "{e}");
     assert!(!sock.exists(), "a failed start left its socket behind");
 }
@@ -405,7 +368,7 @@ fn stopped_monitor_fails_start_within_the_timeout() {
     let sock = dir.join("vhost.sock");
     let t = Instant::now();
     let e = serve_fails(
-        &spec(&ceph, &sock, "rbd", "any", "timeout=5"),
+        &export_arg(spec(&ceph, &sock, "rbd", "any", "timeout=5")),
         Duration::from_secs(20),
     );
     assert!(e.contains("no Ceph monitor answered within 5 s"), "{e}");

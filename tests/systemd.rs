@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{fill_pattern, Client};
+use mqblk_client::Client;
 use support::daemon::*;
 use support::proc::Proc;
 use support::systemd::{activated_mqblk, pass_fds, NotifySocket};
@@ -31,16 +31,6 @@ fn systemd_env(cmd: &mut Command, notify: &NotifySocket) {
     for v in ["WATCHDOG_USEC", "WATCHDOG_PID"] {
         cmd.env_remove(v);
     }
-}
-
-fn export_arg(spec: String) -> [String; 2] {
-    ["--export".into(), spec]
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    fill_pattern(&mut v, 0, seed);
-    v
 }
 
 /// Waits up to `timeout` for the daemon to exit; its status.
@@ -182,7 +172,7 @@ fn a_socket_activated_export_serves_and_its_socket_outlives_a_restart() {
         log.contains("left unused") && log.contains("stray"),
         "no word on the unnamed descriptor:\n{log}"
     );
-    let data = pattern(64 * 1024, 11);
+    let data = pattern(64 * 1024, 0, 11);
     {
         let mut c = Client::connect(&path, 1).expect("connecting to the activated socket");
         c.write(0, 0, &data).expect("write");
@@ -217,7 +207,7 @@ fn a_socket_activated_export_serves_and_its_socket_outlives_a_restart() {
     {
         let mut c = Client::connect(&path, 1)
             .unwrap_or_else(|e| panic!("a new frontend after the restart: {e:#}\n{}", d.log()));
-        let more = pattern(4096, 12);
+        let more = pattern(4096, 0, 12);
         c.write(0, 65536, &more).expect("write after the restart");
         assert_eq!(c.read_vec(0, 0, data.len()).expect("read"), data);
         assert_eq!(c.read_vec(0, 65536, more.len()).expect("read"), more);
@@ -260,7 +250,7 @@ fn fd_key_serves_an_inherited_listening_socket() {
     };
     assert_eq!(export["id"], "fd-3", "{export}");
     assert_eq!(export["socket"], path.to_str().unwrap(), "{export}");
-    let data = pattern(8192, 3);
+    let data = pattern(8192, 0, 3);
     let mut c = Client::connect(&path, 1).expect("connecting to the inherited socket");
     c.write(0, 4096, &data).expect("write");
     assert_eq!(c.read_vec(0, 4096, data.len()).expect("read"), data);

@@ -111,6 +111,13 @@ pub fn write_image(path: &Path, size: u64, seed: Option<u64>) {
     f.sync_all().expect("syncing image");
 }
 
+/// `len` bytes of the seeded pattern as it lies at `offset`.
+pub fn pattern(len: usize, offset: u64, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(&mut v, offset, seed);
+    v
+}
+
 /// The expected content of a whole image: the seeded pattern (or zeroes), to be patched with
 /// what a test wrote and then compared with [`assert_file_eq`].
 pub fn pattern_bytes(size: u64, offset: u64, seed: Option<u64>) -> Vec<u8> {
@@ -593,4 +600,63 @@ pub fn apply_verify(expected: &mut [u8], r: &Report, seed: u64) {
         let (off, len) = (j.region.0 as usize, j.pattern_bytes as usize);
         fill_pattern(&mut expected[off..off + len], off as u64, seed);
     }
+}
+
+/// `--export SPEC` as arguments.
+pub fn export_arg(spec: impl Into<String>) -> Vec<String> {
+    vec!["--export".into(), spec.into()]
+}
+
+/// Runs `mqblk serve ARGS`, which must refuse to start within `within`: exit code 1, no
+/// panic. Returns stderr from its `mqblk: error:` line on
+/// (an error may span lines: a TOML parse error quotes the file).
+pub fn serve_fails_stderr(args: &[String], within: Duration) -> String {
+    let started = Instant::now();
+    let mut cmd = Command::new(mqblk_bin());
+    cmd.arg("serve").args(args);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawning mqblk");
+    while child.try_wait().expect("waitpid").is_none() {
+        if started.elapsed() > within {
+            child.kill().ok();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "mqblk serve {args:?} is still running after {within:?}: it should have refused to start\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "mqblk serve {args:?}: expected exit code 1 (0, or killed by a signal?); stderr:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "mqblk serve {args:?} panicked:\n{stderr}"
+    );
+    let at = stderr
+        .find("mqblk: error: ")
+        .unwrap_or_else(|| panic!("mqblk serve {args:?}: no 'mqblk: error:' line:\n{stderr}"));
+    eprintln!(
+        "mqblk serve {args:?}\n  -> {} ({:.1} s)",
+        stderr[at..].trim_end(),
+        started.elapsed().as_secs_f64()
+    );
+    stderr[at..].trim_end().to_string()
+}
+
+/// [`serve_fails_stderr`] for an error of one line, the last of stderr: returns that line.
+pub fn serve_fails(args: &[String], within: Duration) -> String {
+    let error = serve_fails_stderr(args, within);
+    assert!(
+        !error.contains('\n') && error.len() > "mqblk: error: ".len() + 10,
+        "mqblk serve {args:?}: not one clear line: {error:?}"
+    );
+    error
 }
