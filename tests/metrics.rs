@@ -356,14 +356,6 @@ fn metrics_match_the_clients_own_counts_and_pass_promtool() {
     d.terminate();
 }
 
-/// A free TCP port on the loopback interface (bound and released at once).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// Prometheus's query API: the value of the one series `query` selects, once it has one.
 fn prometheus_value(api: SocketAddr, query: &str) -> Option<f64> {
     let encoded: String = query

@@ -12,13 +12,14 @@
 //! The daemons are started by one long-lived thread with `PR_SET_PDEATHSIG`, so they die with
 //! the test process however it ends, even for the cluster a `static` holds.
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use super::daemon::free_port;
 
 /// What to run when Ceph's daemons are missing.
 pub const CEPH_HINT: &str = "the rbd tests need Debian's ceph-mon and ceph-osd (and ceph-common): \
@@ -77,14 +78,6 @@ fn spawn_kept(cmd: Command) -> std::io::Result<Child> {
         .send((cmd, tx))
         .expect("keeper thread");
     rx.recv().expect("keeper thread answers")
-}
-
-/// A free TCP port on 127.0.0.1 (for the monitor).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 fn run_checked(cmd: &mut Command, what: &str) -> Output {

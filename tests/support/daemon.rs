@@ -660,3 +660,11 @@ pub fn serve_fails(args: &[String], within: Duration) -> String {
     );
     error
 }
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
