@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # A single-node Ceph cluster for trying the rbd engine and for `mqblk bench --engine rbd`: one
 # monitor and one memstore OSD with cephx, on a free loopback port, everything under DIR, and a
-# pool `rbd`. The tests' helper (tests/support/ceph.rs) takes its ceph.conf from this script
-# (`conf`), so the two configure the same cluster; the helper starts the daemons itself (it
-# must own them, to stop and restart them in its tests).
+# pool `rbd`. The tests' helper (tests/support/ceph.rs) builds its clusters with this script's
+# `prepare` and `osd-mkfs` steps, so the two make the same cluster; the helper starts the
+# daemons itself (it must own them, to stop and restart them in its tests).
 #
-#   scripts/ceph-micro.sh start DIR             # prints the conf and keyring to pass (conf=, keyring=)
+#   scripts/ceph-micro.sh start DIR      # prints the conf and keyring to pass (conf=, keyring=)
 #   scripts/ceph-micro.sh stop DIR
-#   scripts/ceph-micro.sh conf DIR PORT FSID    # only writes DIR/ceph.conf
+#   scripts/ceph-micro.sh prepare DIR    # the steps of start before the monitor runs: DIR/ceph.conf,
+#                                        # the keys, the monitor's store
+#   scripts/ceph-micro.sh osd-mkfs DIR   # with the monitor running: registers osd.0, makes its store
 #
 # MEMSTORE_BYTES sets the size of the OSD's memory store (default 4 GiB).
 # Needs Debian's ceph-mon and ceph-osd (bash .ci/setup installs them).
 set -euo pipefail
-usage() { echo "usage: $0 start|stop DIR, or $0 conf DIR PORT FSID" >&2; exit 2; }
+usage() { echo "usage: $0 start|stop|prepare|osd-mkfs DIR" >&2; exit 2; }
 cmd=${1:-}; d=${2:-}
 [ -n "$cmd" ] && [ -n "$d" ] || usage
 
@@ -54,41 +56,54 @@ osd_fast_shutdown = false
 EOC
 }
 
-if [ "$cmd" = conf ]; then
-  [ $# -eq 4 ] || usage
-  write_conf "$d" "$3" "$4"
-  exit 0
-fi
 for t in ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd; do
   command -v "$t" >/dev/null || { echo "$t not found: apt-get install ceph-mon ceph-osd (or bash .ci/setup)" >&2; exit 1; }
 done
-if [ "$cmd" = stop ]; then
-  for p in osd mon; do
-    [ -f "$d/$p.pid" ] && kill "$(cat "$d/$p.pid")" 2>/dev/null || true
-  done
-  exit 0
-fi
-[ "$cmd" = start ] || usage
-[ ! -e "$d/ceph.conf" ] || { echo "$d already holds a cluster: stop it and remove $d first" >&2; exit 1; }
-mkdir -p "$d"/{run,mon,osd}
-d=$(cd "$d" && pwd)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-fsid=$(cat /proc/sys/kernel/random/uuid)
-write_conf "$d" "$port" "$fsid"
 q() { "$@" >/dev/null; }
-q ceph-authtool "$d/mon.keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *'
-q ceph-authtool "$d/admin.keyring" --create-keyring --gen-key -n client.admin \
-  --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *'
-q ceph-authtool "$d/osd/keyring" --create-keyring --gen-key -n osd.0 \
-  --cap mon 'allow profile osd' --cap osd 'allow *'
-q ceph-authtool "$d/mon.keyring" --import-keyring "$d/admin.keyring"
-q ceph-authtool "$d/mon.keyring" --import-keyring "$d/osd/keyring"
-q monmaptool --create --addv a "[v2:127.0.0.1:$port]" --fsid "$fsid" "$d/monmap"
-ceph-mon -c "$d/ceph.conf" --mkfs -i a --monmap "$d/monmap" --keyring "$d/mon.keyring"
+
+# DIR/ceph.conf on a free port, the keys of the monitor, client.admin and osd.0 (all in the
+# monitor's initial auth database: no `ceph auth add` round trips), the monitor's store.
+prepare() {
+  [ ! -e "$d/ceph.conf" ] || { echo "$d already holds a cluster: stop it and remove $d first" >&2; exit 1; }
+  mkdir -p "$d"/{run,mon,osd}
+  d=$(cd "$d" && pwd)
+  local port fsid
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  fsid=$(cat /proc/sys/kernel/random/uuid)
+  write_conf "$d" "$port" "$fsid"
+  q ceph-authtool "$d/mon.keyring" --create-keyring --gen-key -n mon. --cap mon 'allow *'
+  q ceph-authtool "$d/admin.keyring" --create-keyring --gen-key -n client.admin \
+    --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *'
+  q ceph-authtool "$d/osd/keyring" --create-keyring --gen-key -n osd.0 \
+    --cap mon 'allow profile osd' --cap osd 'allow *'
+  q ceph-authtool "$d/mon.keyring" --import-keyring "$d/admin.keyring"
+  q ceph-authtool "$d/mon.keyring" --import-keyring "$d/osd/keyring"
+  q monmaptool --create --addv a "[v2:127.0.0.1:$port]" --fsid "$fsid" "$d/monmap"
+  ceph-mon -c "$d/ceph.conf" --mkfs -i a --monmap "$d/monmap" --keyring "$d/mon.keyring"
+}
+
+# osd.0 in the cluster's map and its (memstore) store; needs the monitor.
+osd_mkfs() {
+  local uuid
+  uuid=$(cat /proc/sys/kernel/random/uuid)
+  q ceph -c "$d/ceph.conf" osd new "$uuid" 0
+  ceph-osd -c "$d/ceph.conf" -i 0 --mkfs --osd-uuid "$uuid" 2>/dev/null
+}
+
+case "$cmd" in
+  prepare) prepare; exit 0 ;;
+  osd-mkfs) osd_mkfs; exit 0 ;;
+  stop)
+    for p in osd mon; do
+      [ -f "$d/$p.pid" ] && kill "$(cat "$d/$p.pid")" 2>/dev/null || true
+    done
+    exit 0 ;;
+  start) ;;
+  *) usage ;;
+esac
+prepare
 ceph-mon -c "$d/ceph.conf" -i a
-uuid=$(cat /proc/sys/kernel/random/uuid)
-q ceph -c "$d/ceph.conf" osd new "$uuid" 0
-ceph-osd -c "$d/ceph.conf" -i 0 --mkfs --osd-uuid "$uuid" 2>/dev/null
+osd_mkfs
 ceph-osd -c "$d/ceph.conf" -i 0 2>/dev/null
 # Up to 60 s for the OSD to join; then say so, with the end of its log, instead of waiting on.
 for _ in $(seq 300); do

@@ -19,8 +19,6 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::daemon::free_port;
-
 /// What to run when Ceph's daemons are missing.
 pub const CEPH_HINT: &str = "the rbd tests need Debian's ceph-mon and ceph-osd (and ceph-common): \
      run .ci/setup, or apt-get install ceph-mon ceph-osd";
@@ -121,89 +119,10 @@ impl Ceph {
             .tempdir()
             .expect("temp dir");
         let d = dir.path().to_path_buf();
-        let port = free_port();
-        let fsid = uuid();
+        micro(&d, "prepare");
         let conf = d.join("ceph.conf");
-        write_conf(&d, port, &fsid);
-        for sub in ["run", "mon", "osd"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
+        let port = mon_port(&conf);
         let keyring = d.join("admin.keyring");
-        let mon_keyring = d.join("mon.keyring");
-        let osd_keyring = d.join("osd/keyring");
-        let authtool = |args: &[&str]| {
-            run_checked(Command::new("ceph-authtool").args(args), "ceph-authtool");
-        };
-        let p = |p: &Path| p.display().to_string();
-        authtool(&[
-            &p(&mon_keyring),
-            "--create-keyring",
-            "--gen-key",
-            "-n",
-            "mon.",
-            "--cap",
-            "mon",
-            "allow *",
-        ]);
-        authtool(&[
-            &p(&keyring),
-            "--create-keyring",
-            "--gen-key",
-            "-n",
-            "client.admin",
-            "--cap",
-            "mon",
-            "allow *",
-            "--cap",
-            "osd",
-            "allow *",
-            "--cap",
-            "mgr",
-            "allow *",
-        ]);
-        authtool(&[
-            &p(&osd_keyring),
-            "--create-keyring",
-            "--gen-key",
-            "-n",
-            "osd.0",
-            "--cap",
-            "mon",
-            "allow profile osd",
-            "--cap",
-            "osd",
-            "allow *",
-        ]);
-        // The monitor's initial auth database holds every key: no `ceph auth add` round trips.
-        authtool(&[&p(&mon_keyring), "--import-keyring", &p(&keyring)]);
-        authtool(&[&p(&mon_keyring), "--import-keyring", &p(&osd_keyring)]);
-        let monmap = d.join("monmap");
-        run_checked(
-            Command::new("monmaptool").args([
-                "--create",
-                "--addv",
-                "a",
-                &format!("[v2:127.0.0.1:{port}]"),
-                "--fsid",
-                &fsid,
-                &p(&monmap),
-            ]),
-            "monmaptool",
-        );
-        run_checked(
-            Command::new("ceph-mon").args([
-                "-c",
-                &p(&conf),
-                "--mkfs",
-                "-i",
-                "a",
-                "--monmap",
-                &p(&monmap),
-                "--keyring",
-                &p(&mon_keyring),
-            ]),
-            "ceph-mon --mkfs",
-        );
         let mut ceph = Ceph {
             dir,
             conf,
@@ -214,20 +133,7 @@ impl Ceph {
             started_in: Duration::ZERO,
         };
         ceph.start_mon();
-        let osd_uuid = uuid();
-        ceph.cli(&["osd", "new", &osd_uuid, "0"]);
-        run_checked(
-            Command::new("ceph-osd").args([
-                "-c",
-                &p(&ceph.conf),
-                "-i",
-                "0",
-                "--mkfs",
-                "--osd-uuid",
-                &osd_uuid,
-            ]),
-            "ceph-osd --mkfs",
-        );
+        micro(ceph.dir(), "osd-mkfs");
         ceph.start_osd();
         ceph.cli(&["osd", "pool", "create", "rbd", "8"]);
         ceph.rbd(&["pool", "init", "rbd"]);
@@ -410,33 +316,26 @@ impl Drop for Ceph {
     }
 }
 
-/// A random UUID (from the kernel), for the fsid and the OSD.
-fn uuid() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
-        .expect("kernel uuid")
-        .trim()
-        .to_string()
+/// Runs `scripts/ceph-micro.sh STEP DIR`, the one definition of the micro cluster (everything
+/// under `d`, loopback only, one replica, a memstore OSD that keeps its objects across a clean
+/// restart); the tests' images are small, so its store is 2 GiB.
+fn micro(d: &Path, step: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ceph-micro.sh");
+    run_checked(
+        Command::new("bash")
+            .arg(&script)
+            .arg(step)
+            .arg(d)
+            .env("MEMSTORE_BYTES", (2u64 << 30).to_string()),
+        &format!("ceph-micro.sh {step}"),
+    );
 }
 
-/// Writes the cluster's ceph.conf into `d` with `scripts/ceph-micro.sh conf`, the one
-/// definition of the micro cluster (everything under `d`, loopback only, one replica, a memstore
-/// OSD that keeps its objects across a clean restart); the tests' images are small, so its
-/// store is 2 GiB.
-fn write_conf(d: &Path, port: u16, fsid: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/ceph-micro.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("conf")
-        .arg(d)
-        .arg(port.to_string())
-        .arg(fsid)
-        .env("MEMSTORE_BYTES", (2u64 << 30).to_string())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "{} conf failed: {}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// The monitor's port, from the `mon_host = v2:127.0.0.1:PORT` line of `conf`.
+fn mon_port(conf: &Path) -> u16 {
+    let text = std::fs::read_to_string(conf).expect("read ceph.conf");
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("mon_host = v2:127.0.0.1:"))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no mon_host port in {}:\n{text}", conf.display()))
 }
