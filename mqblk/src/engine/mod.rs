@@ -97,8 +97,9 @@ pub trait Engine: Send + Sync {
     fn block_size(&self) -> u32;
     /// A new channel for the calling I/O thread, which owns it from then on.
     fn channel(&self) -> io::Result<Box<dyn Channel>>;
-    /// Changes the capacity: to `size` bytes, or (`None`) to what the backing store now holds
-    /// (a file or block device resized by someone else). Returns the new capacity.
+    /// Changes the capacity: to `size` bytes (a positive multiple of 512: the device checks it
+    /// first), or (`None`) to what the backing store now holds (a file or block device resized
+    /// by someone else). Returns the new capacity.
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError>;
     /// Writes back what completed writes left in a cache of this host (a file opened without
     /// O_DIRECT keeps them in the page cache), so that another host sharing the storage reads

@@ -62,7 +62,6 @@ impl Engine for UringEngine {
             meta.len()
         };
         let new = match size {
-            Some(s) if s == 0 || s % 512 != 0 => return Err(ResizeError::BadSize(s)),
             Some(s) if is_blk && s != actual => return Err(ResizeError::BlockDevice { actual }),
             Some(s) => {
                 if s != actual {

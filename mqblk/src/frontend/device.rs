@@ -111,11 +111,11 @@ impl Device {
     pub fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
         let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.engine.capacity();
+        if let Some(s) = size.filter(|&s| s == 0 || s % 512 != 0) {
+            return Err(ResizeError::BadSize(s));
+        }
         let new = match size {
             Some(s) if s < current => {
-                if s == 0 || s % 512 != 0 {
-                    return Err(ResizeError::BadSize(s));
-                }
                 self.set_thread_capacity(s >> 9);
                 match self.engine.resize(Some(s)) {
                     Ok(new) => new,

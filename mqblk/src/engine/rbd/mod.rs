@@ -146,7 +146,6 @@ impl Engine for RbdEngine {
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
         let control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         let new = match size {
-            Some(s) if s == 0 || s % 512 != 0 => return Err(ResizeError::BadSize(s)),
             Some(s) => {
                 control.resize(s)?;
                 s
