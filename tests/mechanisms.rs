@@ -225,12 +225,24 @@ fn in_flight_and_notification_counters_describe_the_pipeline() {
     assert!(r.clean(), "{r}");
     assert_eq!(t.engine_in_flight_ns, 0, "{t:?}");
     // One job at iodepth 1 has one request in flight at a time, and the client (libblkio, not
-    // polling) asks to be notified of every completion before it submits the next: each
-    // notification carries exactly one used entry, none is skipped to fold two into the next.
+    // polling) asks to be notified of every completion before it submits the next: a
+    // notification carries one used entry. The exception is a race the client wins: when it
+    // finds a completion before re-arming its used_event, it reaps it without a notification
+    // (EVENT_IDX says none is due), and the next notification counts two. A CI run saw it
+    // once in 2000 requests. A backend that folded completions into fewer notifications would
+    // fill the larger buckets.
     assert!(t.notifies > 0, "{t:?}");
+    assert!(
+        t.used_per_notify_1 * 100 >= t.notifies * 99,
+        "iodepth 1: one used entry per notification, nearly always: {t:?}"
+    );
     assert_eq!(
-        t.used_per_notify_1, t.notifies,
-        "iodepth 1: one used entry per notification: {t:?}"
+        t.used_per_notify_4_7
+            + t.used_per_notify_8_15
+            + t.used_per_notify_16_31
+            + t.used_per_notify_32_up,
+        0,
+        "iodepth 1: four or more used entries in one notification: {t:?}"
     );
 }
 
