@@ -74,12 +74,16 @@ impl Exports {
             }
             running.starting.push(cfg.clone());
         }
-        let id = cfg.id.clone();
-        let started = Export::start_activated(cfg, activated);
+        let reservation = Starting {
+            exports: self,
+            id: cfg.id.clone(),
+            given_up: false,
+        };
+        let export = Export::start_activated(cfg, activated)?;
         let mut running = self.lock();
-        running.starting.retain(|c| c.id != id);
-        self.changed.notify_all();
-        let export = started?;
+        // Its place among those starting goes in the same step as it joins the running: no
+        // other start can take its id or socket in between.
+        reservation.give_up(&mut running);
         if running.closed {
             drop(running);
             export.shutdown();
@@ -191,6 +195,33 @@ impl Exports {
     }
 }
 
+/// An export's place among those starting, given up when its start has ended, however it
+/// ended (an error or a panic included: [`Exports::stop_all`] waits for the place to be
+/// given up).
+struct Starting<'a> {
+    exports: &'a Exports,
+    id: String,
+    given_up: bool,
+}
+
+impl Starting<'_> {
+    /// Gives the place up under the registry's lock, which the caller holds.
+    fn give_up(mut self, running: &mut Running) {
+        running.starting.retain(|c| c.id != self.id);
+        self.exports.changed.notify_all();
+        self.given_up = true;
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        if !self.given_up {
+            self.exports.lock().starting.retain(|c| c.id != self.id);
+            self.exports.changed.notify_all();
+        }
+    }
+}
+
 impl From<Error> for ControlError {
     fn from(e: Error) -> Self {
         match e {
@@ -285,6 +316,29 @@ mod tests {
         assert!(matches!(e, Error::FdTaken(fd) if fd == fds[0]), "{e}");
         assert_eq!(exports.statuses().len(), 2);
         exports.stop_all();
+    }
+
+    #[test]
+    fn a_failed_start_gives_its_id_and_socket_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("a.sock");
+        let exports = Exports::default();
+        let missing = dir.path().join("missing.img");
+        let bad = spec(&format!(
+            "socket={},id=a,path={}",
+            sock.display(),
+            missing.display()
+        ));
+        exports.start(bad).unwrap_err();
+        exports
+            .start(spec(&format!(
+                "socket={},id=a,engine=null,size=1M",
+                sock.display()
+            )))
+            .expect("the id and socket of a failed start are free again");
+        // Nothing is left starting: stop_all does not wait.
+        exports.stop_all();
+        assert!(exports.statuses().is_empty());
     }
 
     #[test]
