@@ -3,10 +3,9 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-
-use std::sync::Arc;
 
 use super::export::Export;
 use crate::api::rpc::write_atomically;
