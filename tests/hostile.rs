@@ -1647,6 +1647,95 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     daemon.terminate();
 }
 
+/// Pages of `file` in the page cache that are dirty or under writeback, from cachestat(2)
+/// (Linux 6.5); `None` where the kernel lacks it.
+fn unwritten_pages(file: &File) -> Option<u64> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct CacheStat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len: 0 };
+    let mut cs = CacheStat::default();
+    // SAFETY: cachestat reads `range` and writes one `CacheStat` into `cs`, both live locals
+    // laid out as the kernel's structs; `file` is open.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut cs as *mut CacheStat,
+            0u32,
+        )
+    };
+    match r {
+        0 => Some(cs.nr_dirty + cs.nr_writeback),
+        _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) => None,
+        _ => panic!("cachestat: {}", std::io::Error::last_os_error()),
+    }
+}
+
+/// With `direct=off` a completed write may sit in this host's page cache, where a migration's
+/// destination (another host on shared storage) would not see it: GET_VRING_BASE, which the
+/// frontend sends when it stops the rings for the switch-over, writes the cache back before it
+/// answers.
+#[test]
+fn get_vring_base_writes_back_the_host_cache_of_a_direct_off_export() {
+    let dir = TestDir::new();
+    let img = dir.image("cached.img", IMG_SIZE, Some(IMG_SEED));
+    let sock = dir.join("cached.sock");
+    let daemon = Daemon::start(&dir, &[Export::file(&sock, &img).direct(false)]);
+    let image = File::open(&img).unwrap();
+    let Some(before) = unwritten_pages(&image) else {
+        eprintln!("SKIPPED: this kernel has no cachestat(2) (Linux 6.5) to see dirty pages with");
+        daemon.terminate();
+        return;
+    };
+    assert_eq!(
+        before, 0,
+        "the image was written and synced before the daemon started"
+    );
+    let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH);
+    for i in 0..16u64 {
+        s.guest.write(HDR_GPA, &header(T_OUT, 64 * i));
+        s.guest.write(DATA_GPA, &[0x5c; 4096]);
+        let a = s.submit(
+            0,
+            &[
+                d(HDR_GPA, 16, VRING_F_NEXT, 1),
+                d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+            ],
+        );
+        assert_eq!(a, Answer::Used(0, 1), "write {i}");
+        assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
+    }
+    let dirty = unwritten_pages(&image).unwrap();
+    assert!(
+        dirty > 0,
+        "16 writes in write-back mode with direct=off left no dirty page: nothing to show"
+    );
+    let state = answer(s.conn.fe.get_vring_base(0)).expect("GET_VRING_BASE");
+    assert_eq!(state, 16, "next avail index after 16 requests");
+    let left = unwritten_pages(&image).unwrap();
+    assert_eq!(
+        left, 0,
+        "{dirty} dirty pages before GET_VRING_BASE, {left} still unwritten after its answer"
+    );
+    drop(s);
+    daemon.terminate();
+}
+
 /// The guest's cache mode survives a crash of mqblk: the frontend does not repeat CONFIG_WCE
 /// after reconnecting, so mqblk keeps it in the in-flight region, which the frontend holds and
 /// hands to the next mqblk.
