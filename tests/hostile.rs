@@ -1600,19 +1600,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     let write_some = |s: &mut Session, sector: u64, fill: u8| {
         for i in 0..4u64 {
             let sector = sector + 8 * i;
-            s.guest.write(HDR_GPA, &header(T_OUT, sector));
-            s.guest.write(DATA_GPA, &[fill; 4096]);
-            s.guest.write(STATUS_GPA, &[0xee]);
-            let a = s.submit(
-                0,
-                &[
-                    d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                    d(DATA_GPA, 4096, VRING_F_NEXT, 2),
-                    d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-                ],
-            );
-            assert_eq!(a, Answer::Used(0, 1), "write at sector {sector}");
-            assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
+            s.good_write(0, sector, fill);
             let mut f = File::open(&img).unwrap();
             let mut got = vec![0u8; 4096];
             use std::io::{Seek, SeekFrom};
@@ -1707,18 +1695,7 @@ fn get_vring_base_writes_back_the_host_cache_of_a_direct_off_export() {
     );
     let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH);
     for i in 0..16u64 {
-        s.guest.write(HDR_GPA, &header(T_OUT, 64 * i));
-        s.guest.write(DATA_GPA, &[0x5c; 4096]);
-        let a = s.submit(
-            0,
-            &[
-                d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                d(DATA_GPA, 4096, VRING_F_NEXT, 2),
-                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-            ],
-        );
-        assert_eq!(a, Answer::Used(0, 1), "write {i}");
-        assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
+        s.good_write(0, 64 * i, 0x5c);
     }
     let dirty = unwritten_pages(&image).unwrap();
     assert!(
@@ -1770,25 +1747,11 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
         answer(conn.fe.set_inflight_fd(&inflight, region.as_raw_fd())).expect("SET_INFLIGHT_FD");
         Session::start(conn, QSIZE, None)
     };
-    let write_one = |s: &mut Session, sector: u64| {
-        s.guest.write(HDR_GPA, &header(T_OUT, sector));
-        s.guest.write(DATA_GPA, &[0x5a; 4096]);
-        let a = s.submit(
-            0,
-            &[
-                d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                d(DATA_GPA, 4096, VRING_F_NEXT, 2),
-                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-            ],
-        );
-        assert_eq!(a, Answer::Used(0, 1));
-        assert_eq!(s.guest.read(STATUS_GPA, 1)[0], S_OK);
-    };
 
     let mut s = connect(&region);
     assert_eq!(config_writeback(&mut s.conn), 1);
     set_config_writeback(&mut s.conn, false);
-    write_one(&mut s, 0);
+    s.good_write(0, 0, 0x5a);
     assert_eq!(sync_writes(&stats_a), 1);
     // The state is in the region, after the queue: magic, saved, write-through.
     let mut state = [0u8; 10];
@@ -1815,7 +1778,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
         0,
         "the restarted mqblk forgot that the guest chose write-through"
     );
-    write_one(&mut s, 8);
+    s.good_write(0, 8, 0x5a);
     assert_eq!(
         sync_writes(&stats_b),
         1,

@@ -658,6 +658,27 @@ impl Session {
         }
     }
 
+    /// A write of 4 KiB of `fill` at `sector` from DATA_GPA on queue `q`: must complete OK.
+    pub fn good_write(&mut self, q: usize, sector: u64, fill: u8) {
+        self.guest.write(HDR_GPA, &header(T_OUT, sector));
+        self.guest.write(DATA_GPA, &[fill; 4096]);
+        self.guest.write(STATUS_GPA, &[0xee]);
+        let a = self.submit(
+            q,
+            &[
+                d(HDR_GPA, 16, VRING_F_NEXT, 1),
+                d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+            ],
+        );
+        assert_eq!(a, Answer::Used(0, 1), "write at sector {sector}");
+        assert_eq!(
+            self.guest.read(STATUS_GPA, 1)[0],
+            S_OK,
+            "write at sector {sector}"
+        );
+    }
+
     /// A good read of 4 KiB at sector 8 into DATA_GPA: must complete OK with the image's data.
     pub fn good_read(&mut self, q: usize) -> Result<(), String> {
         self.guest.write(HDR_GPA, &header(T_IN, 8));
