@@ -20,8 +20,8 @@ use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 #[derive(Default)]
 pub struct Exports {
     running: Mutex<Running>,
-    /// Signalled, under `running`'s lock, when an export has finished starting or a
-    /// management request has let go of one (see [`Exports::drain`]).
+    /// Signalled when a reservation is given up or a management request lets go of an
+    /// export (see [`Exports::drain`]).
     changed: Condvar,
     /// Set by the API's `shutdown`; the main thread drains and exits.
     shutdown: AtomicBool,
@@ -33,8 +33,9 @@ struct Running {
     /// In the order they were added. A management request that works on one holds a clone
     /// while it runs.
     exports: Vec<Arc<Export>>,
-    /// The settings of exports being started: their ids and sockets are taken.
-    starting: Vec<ExportConfig>,
+    /// The settings of exports being started or drained: their ids and sockets are taken
+    /// until the start has ended or the drain has removed the socket.
+    reserved: Vec<ExportConfig>,
     /// Set by [`Exports::stop_all`]: the daemon is shutting down and starts no more exports
     /// (an API client connected before the API stopped may still ask).
     closed: bool,
@@ -43,6 +44,12 @@ struct Running {
 impl Exports {
     fn lock(&self) -> MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, running: MutexGuard<'a, Running>) -> MutexGuard<'a, Running> {
+        self.changed
+            .wait(running)
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Starts an export whose id and socket no running export has.
@@ -56,14 +63,14 @@ impl Exports {
         cfg: ExportConfig,
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
-        {
+        let reservation = {
             let mut running = self.lock();
             if running.closed {
                 return Err(Error::ShuttingDown);
             }
             let taken = running.exports.iter().map(|e| e.device().config());
             if let Some(e) = taken
-                .chain(&running.starting)
+                .chain(&running.reserved)
                 .find_map(|other| config::clash(&cfg, other))
             {
                 return Err(match e {
@@ -72,32 +79,23 @@ impl Exports {
                     _ => Error::IdTaken(cfg.id),
                 });
             }
-            running.starting.push(cfg.clone());
-        }
-        let reservation = Starting {
-            exports: self,
-            id: cfg.id.clone(),
-            given_up: false,
+            self.reserve(&mut running, cfg.clone())
         };
         let export = Export::start_activated(cfg, activated)?;
-        let mut running = self.lock();
-        // Its place among those starting goes in the same step as it joins the running: no
-        // other start can take its id or socket in between.
-        reservation.give_up(&mut running);
-        if running.closed {
-            drop(running);
-            export.shutdown();
-            return Err(Error::ShuttingDown);
-        }
         let status = export.status();
+        // The reservation goes in the same step as the export joins the running ones: no
+        // other start can take its id or socket in between, and stop_all, which waits for
+        // every reservation, drains it with the rest.
+        let mut running = self.lock();
+        reservation.give_up(&mut running);
         running.exports.push(Arc::new(export));
         Ok(status)
     }
 
     /// Removes an export, draining it; with [`RemoveMode::Safe`] only when no frontend is
-    /// connected.
+    /// connected. Its id and socket stay taken until its socket is gone.
     pub fn stop(&self, id: &str, mode: RemoveMode) -> Result<(), Error> {
-        let export = {
+        let (export, reservation) = {
             let mut running = self.lock();
             let i = running
                 .exports
@@ -107,10 +105,13 @@ impl Exports {
             if mode == RemoveMode::Safe && running.exports[i].status().connected {
                 return Err(Error::InUse(id.into()));
             }
-            running.exports.remove(i)
+            let export = running.exports.remove(i);
+            let reservation = self.reserve(&mut running, export.device().config().clone());
+            (export, reservation)
         };
         tracing::info!(id, ?mode, "removing export");
         self.drain(export);
+        drop(reservation);
         Ok(())
     }
 
@@ -128,12 +129,11 @@ impl Exports {
             .find(|e| e.device().config().id == id)
             .cloned()
             .ok_or_else(|| Error::NoSuchExport(id.into()))?;
-        let result = f(&export);
-        drop(export);
-        // A removal may be waiting for this request to let go.
-        let _running = self.lock();
-        self.changed.notify_all();
-        Ok(result)
+        let held = Held {
+            exports: self,
+            export: Some(export),
+        };
+        Ok(f(held.export.as_deref().expect("held until dropped")))
     }
 
     /// The id of an export whose listener or an I/O thread has stopped, if any.
@@ -151,16 +151,14 @@ impl Exports {
     }
 
     /// Drains and removes every export, the last added first, once the exports still starting
-    /// have started (they are drained too); no export starts afterwards.
+    /// have started (they are drained too) and those being removed are gone; no export starts
+    /// afterwards.
     pub fn stop_all(&self) {
         let all = {
             let mut running = self.lock();
             running.closed = true;
-            while !running.starting.is_empty() {
-                running = self
-                    .changed
-                    .wait(running)
-                    .unwrap_or_else(|e| e.into_inner());
+            while !running.reserved.is_empty() {
+                running = self.wait(running);
             }
             std::mem::take(&mut running.exports)
         };
@@ -169,9 +167,20 @@ impl Exports {
         }
     }
 
-    /// Runs `f` with the running exports (for the stats file).
+    /// Runs `f` with the running exports (for the stats file: `f` only reads them).
     pub fn each<T>(&self, f: impl FnOnce(&[Arc<Export>]) -> T) -> T {
         f(&self.lock().exports)
+    }
+
+    /// Takes `cfg`'s id and socket until the returned reservation is given up or dropped.
+    fn reserve(&self, running: &mut Running, cfg: ExportConfig) -> Reservation<'_> {
+        let id = cfg.id.clone();
+        running.reserved.push(cfg);
+        Reservation {
+            exports: self,
+            id,
+            given_up: false,
+        }
     }
 
     /// Drains an export already taken out of the registry, once the management requests
@@ -183,10 +192,7 @@ impl Exports {
                 Ok(e) => break e,
                 Err(in_use) => {
                     export = in_use;
-                    running = self
-                        .changed
-                        .wait(running)
-                        .unwrap_or_else(|e| e.into_inner());
+                    running = self.wait(running);
                 }
             }
         };
@@ -195,30 +201,46 @@ impl Exports {
     }
 }
 
-/// An export's place among those starting, given up when its start has ended, however it
-/// ended (an error or a panic included: [`Exports::stop_all`] waits for the place to be
-/// given up).
-struct Starting<'a> {
+/// An export's id and socket, taken while it starts or drains. Given up when dropped,
+/// however the work ended (an error or a panic included: [`Exports::stop_all`] waits for
+/// every reservation).
+struct Reservation<'a> {
     exports: &'a Exports,
     id: String,
     given_up: bool,
 }
 
-impl Starting<'_> {
-    /// Gives the place up under the registry's lock, which the caller holds.
+impl Reservation<'_> {
+    /// Gives the reservation up under the registry's lock, which the caller holds.
     fn give_up(mut self, running: &mut Running) {
-        running.starting.retain(|c| c.id != self.id);
+        running.reserved.retain(|c| c.id != self.id);
         self.exports.changed.notify_all();
         self.given_up = true;
     }
 }
 
-impl Drop for Starting<'_> {
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.given_up {
-            self.exports.lock().starting.retain(|c| c.id != self.id);
+            self.exports.lock().reserved.retain(|c| c.id != self.id);
             self.exports.changed.notify_all();
         }
+    }
+}
+
+/// A management request's hold on an export. Letting go wakes a drain waiting for it, also
+/// when the request panicked.
+struct Held<'a> {
+    exports: &'a Exports,
+    export: Option<Arc<Export>>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        drop(self.export.take());
+        // Under the lock: a drain between its try_unwrap and its wait cannot miss this.
+        let _running = self.exports.lock();
+        self.exports.changed.notify_all();
     }
 }
 
