@@ -4,7 +4,7 @@ use std::os::fd::RawFd;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::error::Error;
@@ -25,6 +25,9 @@ pub struct Export {
     bound: bool,
     state: Arc<ListenerState>,
     thread: Option<JoinHandle<()>>,
+    /// Held through a resize, the frontend's acknowledgement included: two resizes at once
+    /// would interleave the threads' capacity and the store's, and read each other's acks.
+    resizing: Mutex<()>,
 }
 
 impl Export {
@@ -88,6 +91,7 @@ impl Export {
             bound,
             state,
             thread: Some(thread),
+            resizing: Mutex::new(()),
         })
     }
 
@@ -141,6 +145,7 @@ impl Export {
     /// Resizes the export (to `size` bytes, or to what its store now holds) and tells a
     /// connected frontend, which then raises a config interrupt in the guest.
     pub fn resize(&self, size: Option<u64>) -> Result<ExportStatus, Error> {
+        let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let id = self.device.config().id.clone();
         let new = self.device.resize(size)?;
         tracing::info!(id, capacity = new, "export resized");

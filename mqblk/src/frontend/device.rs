@@ -19,10 +19,6 @@ pub struct Device {
     threads: Vec<IoThreadHandle>,
     /// Changes only on an online resize (control plane).
     config_space: Mutex<ConfigSpace>,
-    /// Held through a resize: two at once would interleave the threads' capacity and the
-    /// store's. (Not `config_space`'s lock: the frontend's GET_CONFIG must not wait for the
-    /// requests in flight.)
-    resizing: Mutex<()>,
 }
 
 impl Device {
@@ -84,7 +80,6 @@ impl Device {
             engine,
             threads,
             config_space: Mutex::new(ConfigSpace::new(&geometry)),
-            resizing: Mutex::new(()),
         })
     }
 
@@ -108,8 +103,9 @@ impl Device {
     /// shrinks first stops taking requests past the new end and waits for those in flight,
     /// then the store shrinks; a disk that grows first grows its store. The frontend still has
     /// to be told ([`Session::config_change_channel`](super::Session::config_change_channel)).
+    /// One at a time: the caller serialises resizes (the daemon's export holds a lock through
+    /// the resize and the frontend's acknowledgement).
     pub fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
-        let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let current = self.engine.capacity();
         if let Some(s) = size.filter(|&s| s == 0 || s % 512 != 0) {
             return Err(ResizeError::BadSize(s));
