@@ -110,7 +110,7 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
         m.stop();
     }
     if let Some(path) = &opts.stats_file {
-        running.each(|e| stats::write(e, path));
+        stats::write(path, &running.each(stats::render));
     }
     running.stop_all();
     tracing::info!("all exports drained; exiting");
@@ -142,10 +142,10 @@ fn wait_for_stop(running: &Exports, opts: &ServeOptions) -> String {
         let now = Instant::now();
         if let Some((path, every)) = stats {
             if now >= next_stats {
-                running.each(|e| {
-                    shared_fs.check(e, path);
-                    stats::write(e, path)
-                });
+                // Rendered under the registry's lock, written (a file system's time) after.
+                let (text, images) = running.each(|e| (stats::render(e), shared_fs.new_images(e)));
+                stats::SharedFilesystemCheck::warn_if_shared(&images, path);
+                stats::write(path, &text);
                 next_stats = now + every;
             }
         }

@@ -51,10 +51,14 @@ pub fn collect(running: &[Arc<Export>]) -> StatsFile {
     }
 }
 
-/// Writes the stats of `running` to `path`; a reader never sees half a file.
-pub fn write(running: &[Arc<Export>], path: &Path) {
-    let text = serde_json::to_string(&collect(running)).expect("stats serialise");
-    if let Err(e) = write_atomically(path, &text) {
+/// The stats of `running`, as the stats file holds them.
+pub fn render(running: &[Arc<Export>]) -> String {
+    serde_json::to_string(&collect(running)).expect("stats serialise")
+}
+
+/// Writes `text` (from [`render`]) to `path`; a reader never sees half a file.
+pub fn write(path: &Path, text: &str) {
+    if let Err(e) = write_atomically(path, text) {
         tracing::warn!(path = %path.display(), err = %e, "cannot write the stats file");
     }
 }
@@ -62,32 +66,35 @@ pub fn write(running: &[Arc<Export>], path: &Path) {
 /// Warns, once per export, when the stats file lies on the same filesystem as the export's
 /// image file. Each rewrite (create, write, rename) is a metadata transaction of that
 /// filesystem's journal, and an O_DIRECT write to the image updates the file's mtime, which
-/// waits for the journal's commit: on ext4 under 4k random writes at QD32 the I/O thread's
-/// submissions stalled 25-300 ms every 100 ms, and the rate fell from 77k to 44k IOPS. A
-/// tmpfs (`/run`) has no journal.
+/// waits for the journal's commit (docs/PERFORMANCE.md 1a measures what that costs). A tmpfs
+/// (`/run`) has no journal.
 #[derive(Default)]
 pub struct SharedFilesystemCheck {
     checked: HashSet<String>,
 }
 
 impl SharedFilesystemCheck {
-    /// Checks the exports of `running` not seen before against the stats file `path`.
-    pub fn check(&mut self, running: &[Arc<Export>], path: &Path) {
+    /// The image files of the exports of `running` not seen before, by export id.
+    pub fn new_images(&mut self, running: &[Arc<Export>]) -> Vec<(String, PathBuf)> {
+        running
+            .iter()
+            .map(|e| e.device().config())
+            .filter(|cfg| self.checked.insert(cfg.id.clone()))
+            .filter_map(|cfg| Some((cfg.id.clone(), cfg.path.clone()?)))
+            .collect()
+    }
+
+    /// Warns for each of `images` (from [`SharedFilesystemCheck::new_images`]) that lies on the
+    /// stats file `path`'s filesystem.
+    pub fn warn_if_shared(images: &[(String, PathBuf)], path: &Path) {
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
         };
-        for e in running {
-            let cfg = e.device().config();
-            if !self.checked.insert(cfg.id.clone()) {
-                continue;
-            }
-            let Some(image) = cfg.path.as_deref() else {
-                continue;
-            };
+        for (id, image) in images {
             if shares_filesystem(dir, image) {
                 tracing::warn!(
-                    export = %cfg.id,
+                    export = %id,
                     stats_file = %path.display(),
                     image = %image.display(),
                     "the stats file is on the same filesystem as this export's image: its \
