@@ -224,8 +224,8 @@ impl Vq {
             t.after_used(head, self.queue.next_used());
         }
         self.used_added = true;
-        // A guest that never asks for notifications never resets it: it must wrap, not panic.
-        self.used_since_notify = self.used_since_notify.wrapping_add(1);
+        // A guest that never asks for notifications never resets it: it must not overflow.
+        self.used_since_notify = self.used_since_notify.saturating_add(1);
         r
     }
 
