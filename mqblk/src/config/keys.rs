@@ -201,8 +201,11 @@ const GENERAL: &[Key] = &[
         name: "conf",
         value: "PATH",
         help: "engine=rbd: the ceph.conf naming the monitors (default: librados's search, /etc/ceph/ceph.conf first)",
-        allowed: "a path",
+        allowed: "a path without NUL bytes (librados takes C strings)",
         apply: |c, v| {
+            if v.contains('\0') {
+                return None;
+            }
             c.rbd.conf = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
             Some(())
         },
@@ -223,8 +226,11 @@ const GENERAL: &[Key] = &[
         name: "keyring",
         value: "PATH",
         help: "engine=rbd: the keyring holding the user's key (default: the one ceph.conf names, else /etc/ceph/ceph.client.USER.keyring)",
-        allowed: "a path",
+        allowed: "a path without NUL bytes (librados takes C strings)",
         apply: |c, v| {
+            if v.contains('\0') {
+                return None;
+            }
             c.rbd.keyring = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
             Some(())
         },

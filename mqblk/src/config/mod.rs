@@ -586,6 +586,15 @@ mod tests {
         assert!(e("socket=s,path=p,serial=123456789012345678901").contains("20 bytes"));
         assert!(e("socket=s,path=p,queues=4,cpus=0-1").contains("cpus"));
         assert!(e("socket=s,path=p,poll=maybe").contains("off, on or adaptive"));
+        for key in ["conf", "keyring"] {
+            let msg = e(&format!(
+                "socket=s,engine=rbd,pool=p,image=i,{key}=/etc/a\0b"
+            ));
+            assert!(
+                msg.contains(&format!("{key}=")) && msg.contains("without NUL bytes"),
+                "{msg}"
+            );
+        }
         assert!(e("socket=s,path=p,poll-max-us=x").contains("poll-max-us"));
         assert!(e("socket=s,path=p,batch-wait-us=5000").contains("batch-wait-us"));
         assert!(e("socket=s,path=p,merge=2").contains("merge"));
