@@ -61,7 +61,7 @@ pub struct RbdChannel {
 impl RbdChannel {
     /// Opens the thread's own handle on `image` and points its completions at a new eventfd.
     pub fn open(
-        cluster: Arc<Cluster>,
+        cluster: &Arc<Cluster>,
         image: &str,
         readonly: bool,
         cache: bool,

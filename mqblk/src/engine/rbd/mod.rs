@@ -136,7 +136,7 @@ impl Engine for RbdEngine {
     }
     fn channel(&self) -> io::Result<Box<dyn Channel>> {
         Ok(Box::new(channel::RbdChannel::open(
-            self.cluster.clone(),
+            &self.cluster,
             &self.image,
             self.readonly,
             self.cache,
