@@ -463,10 +463,7 @@ fn busy_or_wrong_socket_paths_are_refused() {
     // A regular file where the socket should go: refused, the file left alone.
     let file = dir.join("file.sock");
     std::fs::write(&file, b"precious").unwrap();
-    let line = serve_fails(
-        &export_arg(format!("socket={},engine=null,size=1M", file.display())),
-        START,
-    );
+    let line = serve_fails(&export_arg(Export::null(&file, MIB).spec()), START);
     says(
         &line,
         &["file.sock exists and is not a socket"],
@@ -476,10 +473,7 @@ fn busy_or_wrong_socket_paths_are_refused() {
 
     // A directory that does not exist.
     let nodir = dir.join("no/such/dir/x.sock");
-    let line = serve_fails(
-        &export_arg(format!("socket={},engine=null,size=1M", nodir.display())),
-        START,
-    );
+    let line = serve_fails(&export_arg(Export::null(&nodir, MIB).spec()), START);
     says(
         &line,
         &["cannot listen on socket", "x.sock"],
@@ -489,11 +483,8 @@ fn busy_or_wrong_socket_paths_are_refused() {
     // The second of two exports fails: the whole start fails, and the first one's socket is
     // not left behind.
     let a = dir.join("first.sock");
-    let mut args = export_arg(format!("socket={},engine=null,size=1M", a.display()));
-    args.extend(export_arg(format!(
-        "socket={},engine=null,size=1M",
-        file.display()
-    )));
+    let mut args = export_arg(Export::null(&a, MIB).spec());
+    args.extend(export_arg(Export::null(&file, MIB).spec()));
     let line = serve_fails(&args, START);
     says(
         &line,
@@ -508,10 +499,7 @@ fn busy_or_wrong_socket_paths_are_refused() {
     let before = std::fs::read(&typo).unwrap();
     let b = dir.join("before-api.sock");
     let mut args = vec!["--api-socket".to_string(), typo.display().to_string()];
-    args.extend(export_arg(format!(
-        "socket={},engine=null,size=1M",
-        b.display()
-    )));
+    args.extend(export_arg(Export::null(&b, MIB).spec()));
     let line = serve_fails(&args, START);
     says(
         &line,

@@ -44,11 +44,7 @@ fn run(w: &Workload) -> Report {
 
 /// A null export of `mqblk serve` on `dir/name.sock`.
 fn null_spec(dir: &TestDir, name: &str, queues: usize) -> Spec {
-    let mut s = Spec::file(dir.join(&format!("{name}.sock")), dir.join("unused"));
-    s.path = None;
-    s.engine = Some("null".into());
-    s.size = Some(64 << 20);
-    s.queues(queues)
+    Spec::null(dir.join(&format!("{name}.sock")), 64 << 20).queues(queues)
 }
 
 /// An in-process null export on `dir/name.sock` with further keys `opts`.

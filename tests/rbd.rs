@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use mqblk_client::{run, Client, IoError};
-use support::api::Api;
+use support::api::{daemon_with_api, Api};
 use support::ceph::Ceph;
 use support::daemon::*;
 use support::proc::Proc;
@@ -48,8 +48,7 @@ fn cluster() -> &'static Ceph {
 
 /// An rbd export of `pool/image` on `ceph`.
 fn rbd_export(ceph: &Ceph, socket: &Path, pool: &str, image: &str) -> Export {
-    let mut e = Export::file(socket, "unused");
-    e.path = None;
+    let mut e = Export::without_path(socket);
     for (k, v) in ceph.export_keys(pool, image) {
         e = e.set(&k, &v);
     }
@@ -295,18 +294,13 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
     ceph.create_image("rbd", "exists", IMG_SIZE, false);
     let dir = TestDir::new();
     let sock = dir.join("vhost.sock");
-    let limit = Duration::from_secs(20);
+    // `mqblk serve --export SPEC`, which must fail within 20 s: its error line.
+    let fails = |export: String| serve_fails(&export_arg(export), Duration::from_secs(20));
 
-    let e = serve_fails(
-        &export_arg(spec(ceph, &sock, "nosuchpool", "exists", "")),
-        limit,
-    );
+    let e = fails(spec(ceph, &sock, "nosuchpool", "exists", ""));
     assert!(e.contains("pool nosuchpool does not exist"), "{e}");
 
-    let e = serve_fails(
-        &export_arg(spec(ceph, &sock, "rbd", "nosuchimage", "")),
-        limit,
-    );
+    let e = fails(spec(ceph, &sock, "rbd", "nosuchimage", ""));
     assert!(
         e.contains("image rbd/nosuchimage does not exist") && e.contains("size="),
         "{e}"
@@ -324,7 +318,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         &format!("keyring={}", ceph.keyring.display()),
         &format!("keyring={}", bad.display()),
     );
-    let e = serve_fails(&export_arg(s.as_str()), limit);
+    let e = fails(s);
     assert!(
         e.contains("refused client.admin's credentials") && e.contains("keyring="),
         "{e}"
@@ -335,17 +329,14 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
         &format!("keyring={}", ceph.keyring.display()),
         "keyring=/nonexistent/ceph.keyring",
     );
-    let e = serve_fails(&export_arg(s.as_str()), limit);
+    let e = fails(s);
     assert!(
         e.contains("cannot read the keyring /nonexistent/ceph.keyring"),
         "{e}"
     );
 
     // librbd's cache with several writing I/O threads (each would have its own cache).
-    let e = serve_fails(
-        &export_arg(spec(ceph, &sock, "rbd", "exists", "direct=off,queues=2")),
-        limit,
-    );
+    let e = fails(spec(ceph, &sock, "rbd", "exists", "direct=off,queues=2"));
     assert!(
         e.contains("direct=off") && e.contains("needs threads=1"),
         "{e}"
@@ -353,7 +344,7 @@ fn bad_pool_image_and_keyring_fail_with_one_line() {
 
     // A keyring without the user's key at all.
     let s = spec(ceph, &sock, "rbd", "exists", "user=nobody");
-    let e = serve_fails(&export_arg(s.as_str()), limit);
+    let e = fails(s);
     assert!(e.contains("client.nobody"), "{e}");
     assert!(!sock.exists(), "a failed start left its socket behind");
 }
@@ -380,15 +371,8 @@ fn stopped_monitor_fails_start_within_the_timeout() {
 
     // The same export added through the management API fails the same way, and while it
     // tries, the API answers everything else at once.
+    let (mut d, mut api) = daemon_with_api(&dir, &[Export::null(dir.join("other.sock"), MIB)]);
     let api_sock = dir.join("api.sock");
-    let mut other = Export::file(dir.join("other.sock"), "unused").set("engine", "null");
-    other.path = None;
-    other.size = Some(MIB);
-    let mut d = Daemon::start_args(
-        &dir,
-        &[other],
-        &["--api-socket", api_sock.to_str().unwrap()],
-    );
     let mut params = serde_json::Map::new();
     for (k, v) in ceph.export_keys("rbd", "any") {
         params.insert(k, v.into());
@@ -404,10 +388,13 @@ fn stopped_monitor_fails_start_within_the_timeout() {
         })
     };
     std::thread::sleep(Duration::from_secs(1));
-    let mut api = Api::connect(&api_sock);
     let t = Instant::now();
     let list = api.ok("export_list", serde_json::json!({}));
     let answered = t.elapsed();
+    assert!(
+        !add.is_finished(),
+        "export_add ended before export_list was answered: the test shows nothing"
+    );
     let (added, took) = add.join().unwrap();
     let e = added.expect_err("an export on a stopped monitor started");
     assert!(e.1.contains("no Ceph monitor answered within 5 s"), "{e:?}");

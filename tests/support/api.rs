@@ -8,6 +8,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::daemon::{Daemon, Export, TestDir};
+
+/// A daemon serving `exports` with the management API on `dir/api.sock`, and a client of it.
+pub fn daemon_with_api(dir: &TestDir, exports: &[Export]) -> (Daemon, Api) {
+    let api = dir.join("api.sock");
+    let d = Daemon::start_args(dir, exports, &["--api-socket", api.to_str().unwrap()]);
+    let a = Api::connect(&api);
+    (d, a)
+}
+
 /// One connection to the API.
 pub struct Api {
     stream: UnixStream,

@@ -63,10 +63,13 @@ impl TestDir {
     pub fn on_tmpfs() -> Self {
         let mut b = tempfile::Builder::new();
         b.prefix("mqblk-test-");
-        let dir = b
-            .tempdir_in("/dev/shm")
-            .or_else(|_| b.tempdir())
-            .expect("creating a temp dir");
+        let dir = b.tempdir_in("/dev/shm").unwrap_or_else(|e| {
+            eprintln!(
+                "no tmpfs at /dev/shm ({e}): this test's image shares the disk's journal, \
+                 and its timings may show that"
+            );
+            b.tempdir().expect("creating a temp dir")
+        });
         Self { dir }
     }
 
@@ -214,6 +217,25 @@ impl Export {
             readonly: false,
             direct: None,
             extra: Vec::new(),
+        }
+    }
+
+    /// A null export (`engine=null`: reads give zeros, writes are dropped) of `size` bytes on
+    /// `socket`.
+    pub fn null(socket: impl Into<PathBuf>, size: u64) -> Self {
+        Self {
+            path: None,
+            engine: Some("null".into()),
+            size: Some(size),
+            ..Self::file(socket, "")
+        }
+    }
+
+    /// An export with no backing file, whose engine the caller sets (rbd).
+    pub fn without_path(socket: impl Into<PathBuf>) -> Self {
+        Self {
+            path: None,
+            ..Self::file(socket, "")
         }
     }
 
