@@ -10,16 +10,8 @@ use std::time::Duration;
 
 use mqblk_client::{check_pattern, fill_pattern, Client, Pattern, Workload};
 use serde_json::{json, Value};
-use support::api::Api;
+use support::api::{daemon_with_api as daemon, Api};
 use support::daemon::{file_len, mqblk_bin, Daemon, Export, TestDir, MIB};
-
-/// A daemon with the API on `dir/api.sock` and `exports`.
-fn daemon(dir: &TestDir, exports: &[Export]) -> (Daemon, Api) {
-    let api = dir.join("api.sock");
-    let d = Daemon::start_args(dir, exports, &["--api-socket", api.to_str().unwrap()]);
-    let a = Api::connect(&api);
-    (d, a)
-}
 
 fn ids(api: &mut Api) -> Vec<String> {
     api.ok("export_list", json!({}))
@@ -67,14 +59,18 @@ fn exports_are_added_and_removed_while_another_serves() {
     let busy_dir = TestDir::on_tmpfs();
     let busy_img = busy_dir.image("busy.img", 64 * MIB, None);
     let busy = dir.join("busy.sock");
-    let (mut d, mut api) = daemon(&dir, &[Export::file(&busy, &busy_img).queues(2)]);
+    // direct=off: tmpfs takes O_DIRECT only from Linux 6.6, and has no other cache to skip.
+    let busy_export = Export::file(&busy, &busy_img).queues(2).direct(false);
+    let (mut d, mut api) = daemon(&dir, &[busy_export]);
 
-    // The running export serves a verified workload for the whole test.
+    // The running export serves random writes for the whole test, at a depth that leaves the
+    // two CPUs room for the daemon's control plane and the test (the bound below is on
+    // stalls, not on a CPU-starved client's own scheduling).
     let workload = {
         let mut w = Workload::new(&busy);
         w.num_queues = 2;
         w.jobs = 2;
-        w.iodepth = 16;
+        w.iodepth = 4;
         w.pattern = Pattern::RandWrite;
         w.runtime = Some(Duration::from_secs(4));
         std::thread::spawn(move || mqblk_client::run(&w))
@@ -500,6 +496,18 @@ fn a_slow_resize_holds_up_no_other_request() {
     assert_eq!(ids(&mut api), ["slow", "other"]);
     api.ok("export_get", json!({"id": "other"}));
     let answered = t.elapsed();
+    // Both resizes are still running, and the second waits for the first: the store has grown
+    // to the first's size only (a grow resizes the store before it waits for the threads).
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "a resize ended before list and get were answered: the test shows nothing"
+    );
+    let during = api.ok("export_get", json!({"id": "slow"}));
+    assert_eq!(
+        during["status"]["capacity"],
+        128 * MIB,
+        "the second resize ran while the first waited: {during}"
+    );
     let first = first.join().unwrap();
     let second = second.join().unwrap();
     assert!(
