@@ -14,7 +14,7 @@
 //! - `plot`: the PNG (IOPS against jobs, one line per backend/mode).
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -90,7 +90,10 @@ pub struct BenchArgs {
     pub out: PathBuf,
     /// Extra export keys for mqblk, e.g. poll=off,merge=off. Repeat the option to compare
     /// variants in one run (an empty value is the defaults). `bin=PATH` among them runs that
-    /// variant with another mqblk executable (compare two builds in one run).
+    /// variant with another mqblk executable (compare two builds in one run); `stats-dir=DIR`
+    /// puts its stats file in DIR instead of the run's temporary directory (on /dev/shm where
+    /// there is one), e.g. on the image's filesystem to see what rewriting a file there every
+    /// 100 ms costs (docs/PERFORMANCE.md 1a).
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
     /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on
@@ -438,6 +441,13 @@ impl BenchOptions {
                         "--mqblk-opts {o}: {key}= is set by the bench (see --engine, --path, \
                          --size, --mode)"
                     ));
+                }
+                if let Some(dir) = kv.strip_prefix("stats-dir=") {
+                    if !Path::new(dir).is_dir() {
+                        return Err(format!(
+                            "--mqblk-opts {o}: stats-dir={dir} is not a directory"
+                        ));
+                    }
                 }
             }
             if !mqblk_opts.contains(&o) {

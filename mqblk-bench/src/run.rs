@@ -22,6 +22,9 @@ use mqblk_client::{self as client, Workload};
 /// How long a backend may take to start listening, and to exit after SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Keys of a `--mqblk-opts` variant that the bench takes for itself (the others are export
+/// keys): the mqblk executable, and the directory of its stats file.
+const BENCH_KEYS: [&str; 2] = ["bin", "stats-dir"];
 
 /// Checks that the binaries the chosen backends need are there.
 pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
@@ -140,8 +143,8 @@ impl<'a> RunEnv<'a> {
     pub fn new(opts: &'a BenchOptions, image: Option<PathBuf>, size: u64) -> anyhow::Result<Self> {
         // On a tmpfs when there is one: mqblk rewrites its stats file here every 100 ms, and
         // on the image's ext4 each rewrite's journal commit stalls the O_DIRECT writes under
-        // test (their mtime update waits for it): randwrite-4k QD32 measured 44k IOPS with the
-        // stats in /tmp on the image's disk against 77k with them in /dev/shm.
+        // test (their mtime update waits for it; a variant's `stats-dir=` shows what it costs,
+        // docs/PERFORMANCE.md 1a).
         let shm = Path::new("/dev/shm");
         let mut builder = tempfile::Builder::new();
         builder.prefix("mqblk-bench");
@@ -203,7 +206,13 @@ impl<'a> RunEnv<'a> {
             return self.run_fio(p, w, repeat, n, &header);
         }
         let sock = self.tmp.path().join(format!("s{n}.sock"));
-        let stats = self.tmp.path().join(format!("stats{n}.json"));
+        let stats_dir = (p.backend == Backend::Mqblk)
+            .then(|| self.variant_value(p, "stats-dir"))
+            .flatten()
+            .map(PathBuf::from);
+        let stats = (stats_dir.as_deref())
+            .unwrap_or(self.tmp.path())
+            .join(format!("stats{n}.json"));
         let log = self.log_file(p.backend, n, &header)?;
         let mut cmd = match p.backend {
             Backend::Mqblk => self.mqblk_command(p, &sock, &stats),
@@ -328,17 +337,17 @@ impl<'a> RunEnv<'a> {
             _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
         }
         // `bin=PATH` picks the mqblk executable for this variant (A/B of two builds in one
-        // run); every other key goes to the export.
-        let mut bin = o.mqblk_bin.clone();
+        // run), `stats-dir=` where its stats file goes (see `run_point`); every other key goes
+        // to the export.
         for kv in o.mqblk_opts[p.variant].split(',').filter(|k| !k.is_empty()) {
-            match kv.strip_prefix("bin=") {
-                Some(path) => bin = PathBuf::from(path),
-                None => {
-                    spec.push(',');
-                    spec.push_str(kv);
-                }
+            if !BENCH_KEYS.iter().any(|k| kv.starts_with(&format!("{k}="))) {
+                spec.push(',');
+                spec.push_str(kv);
             }
         }
+        let bin = self
+            .variant_value(p, "bin")
+            .map_or_else(|| o.mqblk_bin.clone(), PathBuf::from);
         let mut cmd = Command::new(&bin);
         cmd.arg("serve")
             .arg("--export")
@@ -348,6 +357,14 @@ impl<'a> RunEnv<'a> {
             .arg("--log-level")
             .arg("warn");
         cmd
+    }
+
+    /// The value of the bench's own key `key` (one of [`BENCH_KEYS`]) in the point's
+    /// `--mqblk-opts` variant, if it has one.
+    fn variant_value(&self, p: &PointConfig, key: &str) -> Option<&str> {
+        self.opts.mqblk_opts[p.variant]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
     }
 
     fn qsd_command(&self, p: &PointConfig, sock: &Path) -> Command {
