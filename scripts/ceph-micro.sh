@@ -105,12 +105,12 @@ prepare
 ceph-mon -c "$d/ceph.conf" -i a
 osd_mkfs
 ceph-osd -c "$d/ceph.conf" -i 0 2>/dev/null
-# Up to 60 s for the OSD to join; then say so, with the end of its log, instead of waiting on.
-for _ in $(seq 300); do
-  ceph -c "$d/ceph.conf" --connect-timeout 5 osd stat -f json | tr -d ' ' | grep -q '"num_up_osds":1' && break
-  sleep 0.2
-done
-ceph -c "$d/ceph.conf" --connect-timeout 5 osd stat -f json | tr -d ' ' | grep -q '"num_up_osds":1' || {
+# Up to 60 s for the OSD to join (a deadline: each query may itself wait 5 s); then say so,
+# with the end of its log, instead of waiting on.
+osd_up() { ceph -c "$d/ceph.conf" --connect-timeout 5 osd stat -f json | tr -d ' ' | grep -q '"num_up_osds":1'; }
+deadline=$((SECONDS + 60))
+until osd_up || ((SECONDS >= deadline)); do sleep 0.2; done
+osd_up || {
   echo "the OSD did not come up within 60 s; its log ($d/osd.0.log):" >&2
   tail -n 20 "$d/osd.0.log" >&2 || true
   exit 1
