@@ -69,4 +69,13 @@ pub trait Control: Send + Sync {
     fn configs(&self) -> Vec<ExportConfig>;
     /// Asks the daemon to drain every export and exit.
     fn shutdown(&self);
+    /// Makes I/O thread `thread` of export `id` suffer `fault` (tests of fault containment and
+    /// the sandbox; debug builds only).
+    #[cfg(debug_assertions)]
+    fn inject_fault(
+        &self,
+        id: &str,
+        thread: usize,
+        fault: crate::io::fault_injection::Fault,
+    ) -> Result<(), ControlError>;
 }

@@ -449,6 +449,22 @@ fn call(
                 .map_err(|e| control_error(ControlError::Failed(format!("cannot write {}: {e}", path.display()))))?;
             Ok(json!({"path": path, "exports": control.configs().len()}))
         }
+        #[cfg(debug_assertions)]
+        "debug_inject_fault" => {
+            only(&params, method, &["id", "thread", "fault"])?;
+            let id = required(&params, "id")?;
+            let fault = required(&params, "fault")?.parse().map_err(invalid)?;
+            let thread = match params.get("thread") {
+                None => 0,
+                Some(v) => v.as_u64().and_then(|t| usize::try_from(t).ok()).ok_or_else(|| {
+                    invalid(format!("'thread' is {v}: an I/O thread's index"))
+                })?,
+            };
+            control
+                .inject_fault(&id, thread, fault)
+                .map_err(control_error)?;
+            Ok(json!({"id": id, "thread": thread, "injected": true}))
+        }
         "version" => {
             only(&params, method, &[])?;
             Ok(json!({"name": "mqblk", "version": env!("CARGO_PKG_VERSION")}))
@@ -497,6 +513,8 @@ mod tests {
     #[derive(Default)]
     struct Recorder {
         added: Mutex<Vec<ExportConfig>>,
+        #[cfg(debug_assertions)]
+        faults: Mutex<Vec<(String, usize, crate::io::fault_injection::Fault)>>,
     }
 
     fn status(cfg: &ExportConfig) -> ExportStatus {
@@ -556,6 +574,54 @@ mod tests {
             self.added.lock().unwrap().clone()
         }
         fn shutdown(&self) {}
+        #[cfg(debug_assertions)]
+        fn inject_fault(
+            &self,
+            id: &str,
+            thread: usize,
+            fault: crate::io::fault_injection::Fault,
+        ) -> Result<(), ControlError> {
+            self.get(id)?;
+            self.faults.lock().unwrap().push((id.into(), thread, fault));
+            Ok(())
+        }
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    fn debug_inject_fault_checks_its_parameters() {
+        use crate::io::fault_injection::Fault;
+        let c = Recorder::default();
+        ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":1,"method":"export_add","params":{"socket":"/tmp/a.sock","engine":"null","size":"1M"}}"#,
+        );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":2,"method":"debug_inject_fault","params":{"id":"a","fault":"explode"}}"#,
+        );
+        assert_eq!(code(&r), -32602, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("panic or forbidden-syscall"),
+            "{r}"
+        );
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":3,"method":"debug_inject_fault","params":{"id":"b","fault":"panic"}}"#,
+        );
+        assert_eq!(code(&r), -32001, "{r}");
+        let r = ask(
+            &c,
+            r#"{"jsonrpc":"2.0","id":4,"method":"debug_inject_fault","params":{"id":"a","thread":1,"fault":"forbidden-syscall"}}"#,
+        );
+        assert_eq!(r["result"]["injected"], true, "{r}");
+        assert_eq!(
+            *c.faults.lock().unwrap(),
+            vec![("a".to_string(), 1, Fault::ForbiddenSyscall)]
+        );
     }
 
     fn ask(c: &Recorder, line: &str) -> Value {

@@ -284,6 +284,25 @@ impl Control for Exports {
         Ok(self.with(id, |e| e.set_qos(qos).map(|()| e.qos()))??)
     }
 
+    #[cfg(debug_assertions)]
+    fn inject_fault(
+        &self,
+        id: &str,
+        thread: usize,
+        fault: crate::io::fault_injection::Fault,
+    ) -> Result<(), ControlError> {
+        self.with(id, |e| match e.device().threads().get(thread) {
+            Some(t) => {
+                t.send(crate::io::Command::InjectFault(fault));
+                Ok(())
+            }
+            None => Err(ControlError::InvalidParams(format!(
+                "'thread' is {thread}: export {id} has {} I/O threads",
+                e.device().threads().len()
+            ))),
+        })?
+    }
+
     /// The settings that recreate the running exports: as they were given, with the size an
     /// export has now (after a resize) wherever a size was given or is needed, and its QoS as
     /// it is now.

@@ -92,6 +92,8 @@ impl IoThread {
                     self.dirty.set(log, used);
                     let _ = reply.send(());
                 }
+                #[cfg(debug_assertions)]
+                Command::InjectFault(fault) => fault.inflict(),
                 Command::Shutdown => {
                     self.shutdown = true;
                     self.admission_due = true;

@@ -31,6 +31,8 @@ mod admit;
 mod complete;
 mod control;
 pub mod dirty_log;
+#[cfg(debug_assertions)]
+pub mod fault_injection;
 pub mod inflight;
 mod migration;
 pub mod policy;
@@ -140,6 +142,9 @@ pub enum Command {
     },
     /// Drain everything and exit the thread.
     Shutdown,
+    /// Suffer a fault (tests of fault containment and the sandbox).
+    #[cfg(debug_assertions)]
+    InjectFault(fault_injection::Fault),
 }
 
 /// Sends every thread in `threads` the command `command` builds for it (from the thread's
