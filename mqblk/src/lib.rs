@@ -10,6 +10,8 @@
 //! - [`api`]: what operators' tools talk to: export status, management API, metrics;
 //! - [`frontend`]: the vhost-user session and the virtio-blk device;
 //! - [`io`]: the I/O threads and the request path;
+//! - [`shm`]: shared memory a frontend cannot truncate from under the daemon (seals, fault
+//!   guards);
 //! - [`engine`]: storage engines (io_uring on a file or block device, RAM, null);
 //! - [`blk`]: virtio-blk request parsing and the configuration space (pure);
 //! - [`config`]: export settings and the one table of export keys.
@@ -25,11 +27,14 @@ pub mod daemon;
 pub mod engine;
 pub mod frontend;
 pub mod io;
+pub mod shm;
 
 #[cfg(test)]
 mod layering {
     /// The layers, lowest first: a module may use only the layers listed before it.
-    const LAYERS: &[&str] = &["config", "blk", "engine", "io", "frontend", "api", "daemon"];
+    const LAYERS: &[&str] = &[
+        "config", "blk", "engine", "shm", "io", "frontend", "api", "daemon",
+    ];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {

@@ -255,9 +255,15 @@ pub struct Guest {
 
 impl Guest {
     pub fn new() -> Guest {
+        Self::with_memory(SharedMem::new("hostile-guest", 2 * MIB_U))
+    }
+
+    /// A guest whose memory is `mem` (2 MiB).
+    pub fn with_memory(mem: SharedMem) -> Guest {
         let len = 2 * MIB_U;
+        assert_eq!(mem.len(), len, "test bug: guest memory is 2 MiB");
         let mut g = Guest {
-            mem: SharedMem::new("hostile-guest", len),
+            mem,
             regions: vec![
                 (0, MIB_U as u64, 0),
                 (REGION_B_GPA, MIB_U as u64, MIB_U as u64),

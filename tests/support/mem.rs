@@ -37,7 +37,11 @@ pub struct SharedMem {
 
 impl SharedMem {
     pub fn new(name: &str, len: usize) -> Self {
-        let file = memfd(name, len as u64);
+        Self::map(memfd(name, len as u64), len)
+    }
+
+    /// Maps the first `len` bytes of `file`.
+    pub fn map(file: File, len: usize) -> Self {
         // SAFETY: a new shared mapping of a descriptor we own; it is unmapped in Drop and
         // nothing else maps at its address meanwhile.
         let ptr = unsafe {
@@ -60,6 +64,10 @@ impl SharedMem {
 
     pub fn fd(&self) -> RawFd {
         self.file.as_raw_fd()
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     pub fn as_ptr(&self) -> *mut u8 {

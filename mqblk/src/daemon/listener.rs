@@ -187,7 +187,8 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
                 continue;
             }
         }
-        let session = Arc::new(Mutex::new(Session::new(device.clone())));
+        let connection = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
+        let session = Arc::new(Mutex::new(Session::new(device.clone(), connection)));
         *state.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         let mut handler = BackendReqHandler::from_stream(stream, session.clone());
         loop {

@@ -3,13 +3,15 @@
 //! guest-physical ones.
 
 use std::fs::File;
-use std::sync::Arc;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Weak};
 
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
 
 use super::error::{Error, Result};
 use crate::io::GuestMemory;
+use crate::shm::{self, FaultGuard, Protection};
 
 /// Memory slots we accept (CONFIGURE_MEM_SLOTS); QEMU's own limit.
 pub const MAX_MEM_SLOTS: u64 = 509;
@@ -21,16 +23,28 @@ struct Mapping {
     gpa: u64,
 }
 
+type Region = GuestRegionMmap<()>;
+
 /// The frontend's memory regions, mapped.
 #[derive(Default)]
 pub struct MemoryTable {
     mem: Option<Arc<GuestMemory>>,
     mappings: Vec<Mapping>,
+    /// The connection a fault in an unsealable region shuts down.
+    connection: Option<OwnedFd>,
+    /// The fault guards of regions whose files could not be sealed, each with its region. A
+    /// guard goes only once its region is unmapped: the I/O threads may still use a region
+    /// after the table has dropped it, until they take the next memory.
+    guards: Vec<(Weak<Region>, FaultGuard)>,
 }
 
-/// Maps one region, refusing one that does not lie within its file: touching a mapping past
-/// the end of its file would SIGBUS the I/O thread, and with it the whole daemon.
-fn map_region(region: &VhostUserMemoryRegion, file: File) -> Result<GuestRegionMmap<()>> {
+/// Maps one region, refusing one that does not lie within its file, and protects the mapping
+/// from a later truncation of the file (sealed, or guarded: see [`crate::shm`]).
+fn map_region(
+    region: &VhostUserMemoryRegion,
+    file: File,
+    connection: Option<&OwnedFd>,
+) -> Result<(Arc<Region>, Option<FaultGuard>)> {
     let bad = |why: String| Error::BadRegion(why);
     if region.memory_size == 0 {
         return Err(bad("size 0".into()));
@@ -48,13 +62,59 @@ fn map_region(region: &VhostUserMemoryRegion, file: File) -> Result<GuestRegionM
             { region.mmap_offset }
         )));
     }
+    let protect_from = file
+        .try_clone()
+        .map_err(|e| bad(format!("cannot duplicate its descriptor: {e}")))?;
     let mmap = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
         .map_err(|e| bad(format!("cannot map: {e}")))?;
-    GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
-        .ok_or_else(|| bad("guest-physical range overflows".into()))
+    let guard = match shm::protect(
+        &protect_from,
+        mmap.as_ptr(),
+        mmap.size(),
+        connection.map(|c| c.as_fd()),
+    ) {
+        Ok(Protection::Sealed) => None,
+        Ok(Protection::Guarded(g)) => Some(g),
+        Err(e) => {
+            return Err(bad(format!(
+                "its file cannot be sealed against shrinking, nor its mapping guarded: {e}"
+            )))
+        }
+    };
+    let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
+        .ok_or_else(|| bad("guest-physical range overflows".into()))?;
+    Ok((Arc::new(r), guard))
 }
 
 impl MemoryTable {
+    /// An empty table for the frontend on `connection`.
+    pub fn new(connection: Option<OwnedFd>) -> Self {
+        MemoryTable {
+            connection,
+            ..MemoryTable::default()
+        }
+    }
+
+    /// Maps a region and keeps its guard, if it needs one.
+    fn map(&mut self, region: &VhostUserMemoryRegion, file: File) -> Result<Arc<Region>> {
+        let (r, guard) = map_region(region, file, self.connection.as_ref())?;
+        if let Some(g) = guard {
+            self.guards.push((Arc::downgrade(&r), g));
+        }
+        Ok(r)
+    }
+
+    /// Lets go of the guards of regions nobody maps any more.
+    fn drop_unused_guards(&mut self) {
+        self.guards.retain(|(r, _)| r.strong_count() > 0);
+    }
+
+    /// Whether the frontend truncated a file it shared while it was mapped (a fault was
+    /// contained).
+    pub fn faulted(&self) -> bool {
+        self.guards.iter().any(|(_, g)| g.faulted())
+    }
+
     /// The current guest memory, if any.
     pub fn current(&self) -> Option<Arc<GuestMemory>> {
         self.mem.clone()
@@ -72,14 +132,14 @@ impl MemoryTable {
         let mut mapped = Vec::with_capacity(regions.len());
         let mut mappings = Vec::with_capacity(regions.len());
         for (r, f) in regions.iter().zip(files) {
-            mapped.push(map_region(r, f)?);
+            mapped.push(self.map(r, f)?);
             mappings.push(Mapping {
                 user_addr: r.user_addr,
                 size: r.memory_size,
                 gpa: r.guest_phys_addr,
             });
         }
-        let mem = GuestMemoryMmap::from_regions(mapped)
+        let mem = GuestMemoryMmap::from_arc_regions(mapped)
             .map_err(|e| Error::BadMemoryTable(e.to_string()))?;
         self.mappings = mappings;
         Ok(self.install(mem))
@@ -90,10 +150,10 @@ impl MemoryTable {
         if self.mappings.len() as u64 >= MAX_MEM_SLOTS {
             return Err(Error::TooManyRegions(MAX_MEM_SLOTS));
         }
-        let r = map_region(region, file)?;
+        let r = self.map(region, file)?;
         let mem = match &self.mem {
-            Some(m) => m.insert_region(Arc::new(r)),
-            None => GuestMemoryMmap::from_regions(vec![r]),
+            Some(m) => m.insert_region(r),
+            None => GuestMemoryMmap::from_arc_regions(vec![r]),
         }
         .map_err(|e| Error::BadMemoryTable(e.to_string()))?;
         self.mappings.push(Mapping {
@@ -121,13 +181,16 @@ impl MemoryTable {
     fn install(&mut self, mem: GuestMemory) -> Arc<GuestMemory> {
         let mem = Arc::new(mem);
         self.mem = Some(mem.clone());
+        self.drop_unused_guards();
         mem
     }
 
-    /// Forgets every region (the frontend went away).
+    /// Forgets every region (the frontend went away). Call it once the I/O threads have let go
+    /// of the memory, so that the guards of its regions go with it.
     pub fn clear(&mut self) {
         self.mem = None;
         self.mappings.clear();
+        self.drop_unused_guards();
     }
 
     /// The end of the highest region: the guest-physical bytes a dirty log must cover.

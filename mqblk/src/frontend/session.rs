@@ -7,6 +7,7 @@
 //! nothing on the per-request path does.
 
 use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 
@@ -49,22 +50,27 @@ pub struct Session {
     backend_channel: Option<BackendChannel>,
     /// Dirty logging while the frontend migrates the VM.
     migration: Migration,
+    /// The frontend's connection, which a contained fault in memory it shared shuts down.
+    connection: Option<OwnedFd>,
 }
 
 impl Session {
-    /// A fresh session for a new connection to `device`.
-    pub fn new(device: Arc<Device>) -> Self {
+    /// A fresh session for a new connection to `device` (`connection`: a duplicate of the
+    /// connection's socket, shut down if the frontend truncates memory it shared).
+    pub fn new(device: Arc<Device>, connection: Option<OwnedFd>) -> Self {
         let nq = device.config().queues as usize;
+        let table_connection = connection.as_ref().and_then(|c| c.try_clone().ok());
         Session {
             device,
             acked_features: 0,
             acked_protocol: 0,
-            memory: MemoryTable::default(),
+            memory: MemoryTable::new(table_connection),
             vrings: (0..nq).map(|_| VringSetup::default()).collect(),
             writeback: true,
             inflight: None,
             backend_channel: None,
             migration: Migration::new(nq),
+            connection,
         }
     }
 
@@ -196,6 +202,15 @@ impl Session {
             self.stop(i);
         }
         self.set_memory(None);
+        let truncated_memory = self.memory.faulted();
+        let truncated_inflight = self.inflight.as_ref().is_some_and(|r| r.faulted());
+        if truncated_memory || truncated_inflight {
+            tracing::warn!(
+                export = %self.device.config().id,
+                what = if truncated_memory { "guest memory" } else { "the in-flight region" },
+                "the frontend truncated a file it shared while it was mapped: the fault was contained and its connection closed"
+            );
+        }
         self.memory.clear();
         for v in &mut self.vrings {
             *v = VringSetup::default();
@@ -473,6 +488,7 @@ impl VhostUserBackendReqHandlerMut for Session {
             msg.mmap_size,
             msg.num_queues,
             msg.queue_size,
+            self.connection.as_ref().map(|c| c.as_fd()),
         )
         .map_err(Error::Inflight)?;
         // A restart: the frontend does not repeat the guest's CONFIG_WCE choice, but the

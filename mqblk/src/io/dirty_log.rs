@@ -86,24 +86,6 @@ impl Drop for DirtyLog {
     }
 }
 
-/// Makes sure `file` can never shrink: it carries F_SEAL_SHRINK, or gets it now.
-fn seal_against_shrinking(file: &File) -> Result<(), LogError> {
-    let fd = file.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we own; F_GET_SEALS takes no argument.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if seals < 0 {
-        return Err(LogError::Unsealable(io::Error::last_os_error()));
-    }
-    if seals & libc::F_SEAL_SHRINK != 0 {
-        return Ok(());
-    }
-    // SAFETY: fcntl on a descriptor we own, adding a seal (an int argument).
-    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
-        return Err(LogError::Unsealable(io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 impl DirtyLog {
     /// Maps `size` bytes of `file` at `offset` (SET_LOG_BASE), sealing the file against
     /// shrinking first so that the length checked here stays true.
@@ -111,7 +93,7 @@ impl DirtyLog {
         if size == 0 || size > MAX_LOG_BYTES {
             return Err(LogError::Size(size));
         }
-        seal_against_shrinking(&file)?;
+        crate::shm::seal::against_shrinking(&file).map_err(LogError::Unsealable)?;
         let file_len = file.metadata().map_err(LogError::Stat)?.len();
         if offset.checked_add(size).is_none_or(|end| end > file_len) {
             return Err(LogError::PastEnd {

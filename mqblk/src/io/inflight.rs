@@ -40,9 +40,11 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{fence, AtomicU16, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+
+use crate::shm::{self, FaultGuard, Protection};
 
 /// Version written into initialised queue regions.
 pub const INFLIGHT_VERSION: u16 = 1;
@@ -64,6 +66,9 @@ pub struct InflightRegion {
     len: usize,
     queue_size: u16,
     num_queues: u16,
+    /// Present when the file could not be sealed against shrinking (see [`crate::shm`]);
+    /// dropped after the mapping (fields drop after `drop`).
+    guard: Option<FaultGuard>,
     _file: File,
 }
 
@@ -90,26 +95,22 @@ impl InflightRegion {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let size = queue_region_size(queue_size) * num_queues as usize + STATE_SIZE;
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"mqblk-inflight".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(size as u64)?;
+        // Sealed: the frontend that receives it cannot truncate it under the I/O threads.
+        let file = shm::seal::sized_memfd(c"mqblk-inflight", size as u64)?;
         let send = file.try_clone()?;
-        let region = Self::map(file, 0, size as u64, num_queues, queue_size)?;
+        let region = Self::map(file, 0, size as u64, num_queues, queue_size, None)?;
         Ok((region, send))
     }
 
-    /// Maps a region handed over by SET_INFLIGHT_FD, checking it is large enough.
+    /// Maps a region handed over by SET_INFLIGHT_FD, checking it is large enough, and protects
+    /// it from a later truncation (sealed, or guarded: a fault in it shuts `connection` down).
     pub fn map(
         file: File,
         offset: u64,
         size: u64,
         num_queues: u16,
         queue_size: u16,
+        connection: Option<BorrowedFd<'_>>,
     ) -> io::Result<InflightRegion> {
         let need = queue_region_size(queue_size) as u64 * u64::from(num_queues);
         if num_queues == 0 || queue_size == 0 || size < need || size > (1 << 30) {
@@ -136,13 +137,29 @@ impl InflightRegion {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
+        let guard = match shm::protect(&file, ptr as *const u8, size as usize, connection) {
+            Ok(Protection::Sealed) => None,
+            Ok(Protection::Guarded(g)) => Some(g),
+            Err(e) => {
+                // SAFETY: exactly what mmap returned; nothing else refers to it yet.
+                unsafe { libc::munmap(ptr, size as usize) };
+                return Err(e);
+            }
+        };
         Ok(InflightRegion {
             ptr: ptr as *mut u8,
             len: size as usize,
             queue_size,
             num_queues,
+            guard,
             _file: file,
         })
+    }
+
+    /// Whether the frontend truncated the region's file while it was mapped (a fault was
+    /// contained).
+    pub fn faulted(&self) -> bool {
+        self.guard.as_ref().is_some_and(FaultGuard::faulted)
     }
 
     /// The region's size in bytes (never zero).
@@ -362,9 +379,9 @@ mod tests {
     fn bad_regions_are_refused() {
         let (_, f) = InflightRegion::create(1, 8).unwrap();
         let size = queue_region_size(8) as u64;
-        assert!(InflightRegion::map(f.try_clone().unwrap(), 0, size, 2, 8).is_err());
-        assert!(InflightRegion::map(f.try_clone().unwrap(), 64, size, 1, 8).is_err());
-        assert!(InflightRegion::map(f.try_clone().unwrap(), 0, size, 0, 8).is_err());
-        assert!(InflightRegion::map(f, 0, size, 1, 8).is_ok());
+        assert!(InflightRegion::map(f.try_clone().unwrap(), 0, size, 2, 8, None).is_err());
+        assert!(InflightRegion::map(f.try_clone().unwrap(), 64, size, 1, 8, None).is_err());
+        assert!(InflightRegion::map(f.try_clone().unwrap(), 0, size, 0, 8, None).is_err());
+        assert!(InflightRegion::map(f, 0, size, 1, 8, None).is_ok());
     }
 }

@@ -1,0 +1,271 @@
+//! A frontend truncates a file it shared with the daemon while requests run.
+//!
+//! Touching a mapped page past the new end of its file raises SIGBUS; unhandled, it kills the
+//! daemon and every tenant's export with it. mqblk seals what it can against shrinking and
+//! guards what it cannot (mqblk/src/shm): the truncating frontend loses its connection, the
+//! daemon and its other exports go on. Each test runs a libblkio client verifying its data on a
+//! second export throughout, and then shows that the truncating frontend's export serves a new
+//! connection.
+mod support;
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use support::daemon::*;
+use support::frontend::*;
+use support::mem::{memfd, sealable_memfd, SharedMem};
+use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
+use vhost::vhost_user::VhostUserFrontend;
+
+const IMG_SIZE: u64 = 8 * MIB;
+/// What the daemon logs when it contained a truncation.
+const CONTAINED: &str = "the frontend truncated a file it shared while it was mapped";
+
+/// Verified libblkio workloads on another export, one after another, until stopped.
+struct Bystander {
+    stop: Arc<AtomicBool>,
+    /// Workloads verified so far.
+    runs: Arc<AtomicU64>,
+    thread: Option<JoinHandle<Result<u64, String>>>,
+}
+
+impl Bystander {
+    fn start(socket: PathBuf) -> Bystander {
+        let stop = Arc::new(AtomicBool::new(false));
+        let runs = Arc::new(AtomicU64::new(0));
+        let (until, done) = (stop.clone(), runs.clone());
+        let thread = std::thread::spawn(move || {
+            let mut verified = 0;
+            let mut seed = 1;
+            while !until.load(Ordering::Relaxed) {
+                let w = verify_workload(&socket, 1, 1, 64, seed);
+                let r = mqblk_client::run(&w).map_err(|e| format!("run: {e:#}"))?;
+                if !r.clean() || r.verified_bytes == 0 {
+                    return Err(format!("run {seed}: {r}"));
+                }
+                verified += r.verified_bytes;
+                seed += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(verified)
+        });
+        Bystander {
+            stop,
+            runs,
+            thread: Some(thread),
+        }
+    }
+
+    /// Lets it verify two more workloads (so that it served after whatever came before), stops
+    /// it; every run must have verified.
+    fn finish(mut self) -> u64 {
+        let target = self.runs.load(Ordering::Relaxed) + 2;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.runs.load(Ordering::Relaxed) < target
+            && !self.thread.as_ref().unwrap().is_finished()
+        {
+            assert!(Instant::now() < deadline, "the other export stalled");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        let r = self
+            .thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("bystander panicked");
+        let verified = r.unwrap_or_else(|e| panic!("the other export failed: {e}"));
+        assert!(verified > 0, "the other export verified nothing");
+        verified
+    }
+}
+
+fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf) {
+    let img = dir.image("victim.img", IMG_SIZE, None);
+    let other = dir.image("other.img", IMG_SIZE, None);
+    let (a, b) = (dir.join("victim.sock"), dir.join("other.sock"));
+    let daemon = Daemon::start(
+        dir,
+        &[
+            Export::file(&a, &img).set("queue-size", "64"),
+            Export::file(&b, &other),
+        ],
+    );
+    (daemon, a, b)
+}
+
+/// Posts `n` 4 KiB writes (heads 0, 3, 6, ...) without waiting for them.
+fn post_writes(s: &mut Session, n: u16) {
+    for i in 0..n {
+        let head = 3 * i;
+        let hdr = HDR_GPA + 16 * u64::from(i);
+        s.guest.write(hdr, &header(T_OUT, 8 * u64::from(i)));
+        s.write_descs(
+            0,
+            head,
+            &[
+                d(hdr, 16, VRING_F_NEXT, head + 1),
+                d(DATA_GPA, 4096, VRING_F_NEXT, head + 2),
+                d(STATUS_GPA + u64::from(i), 1, VRING_F_WRITE, 0),
+            ],
+        );
+        s.post_raw(0, head, 0);
+    }
+}
+
+/// Kicks queue 0 without touching guest memory (which may be gone).
+fn kick(s: &Session) {
+    s.rings[0].kick.write(1).unwrap();
+}
+
+fn wait_for_log(daemon: &mut Daemon, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !daemon.log().contains(text) {
+        assert!(
+            daemon.has_exited().is_none(),
+            "the daemon died:\n{}",
+            daemon.log()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no '{text}' in the log within {within:?}:\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// After a contained fault: the daemon lives, and the export serves a new frontend.
+fn export_serves_again(daemon: &mut Daemon, socket: &Path) {
+    assert!(
+        daemon.has_exited().is_none(),
+        "daemon died:\n{}",
+        daemon.log()
+    );
+    let mut s = Session::open(socket, 64, None);
+    s.good_write(0, 16, 0x3c);
+}
+
+fn truncate(f: &impl AsRawFd) -> std::io::Result<()> {
+    // Through a File on a duplicate, so that the caller keeps its own descriptor.
+    // SAFETY: dup of a descriptor the caller holds open.
+    let dup = unsafe { libc::dup(f.as_raw_fd()) };
+    assert!(dup >= 0);
+    // SAFETY: `dup` is a fresh descriptor we own.
+    let file = unsafe { File::from_raw_fd(dup) };
+    file.set_len(0)
+}
+
+#[test]
+fn truncated_guest_memory_ends_only_its_own_connection() {
+    let dir = TestDir::new();
+    let (mut daemon, victim, other) = start_daemon(&dir);
+    let bystander = Bystander::start(other);
+
+    // The hand-written frontend's guest memory is a memfd without MFD_ALLOW_SEALING: the
+    // daemon cannot seal it, so it guards its mapping.
+    let mut s = Session::open(&victim, 64, None);
+    s.good_write(0, 0, 0x11);
+    post_writes(&mut s, 16);
+    truncate(&s.guest.fd()).expect("truncating the guest memory");
+    // From here on this process must not touch the guest memory either.
+    kick(&s);
+    assert!(
+        s.conn.closed_by_peer(Duration::from_secs(10)),
+        "the daemon kept the connection of a frontend that truncated its memory"
+    );
+    wait_for_log(&mut daemon, CONTAINED, Duration::from_secs(10));
+    assert!(
+        daemon.log().contains("what=\"guest memory\""),
+        "{}",
+        daemon.log()
+    );
+    std::mem::forget(s); // its mapping faults now: leave it mapped, never read
+
+    export_serves_again(&mut daemon, &victim);
+    bystander.finish();
+    daemon.stop();
+}
+
+#[test]
+fn a_truncated_inflight_region_ends_only_its_own_connection() {
+    let dir = TestDir::new();
+    let (mut daemon, victim, other) = start_daemon(&dir);
+    let bystander = Bystander::start(other);
+
+    let (mut conn, _) = Session::negotiate_with(&victim, VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+        .expect("negotiation");
+    // The frontend's own in-flight region, in a memfd that cannot be sealed.
+    let region = memfd("inflight", 4096);
+    let shape = VhostUserInflight {
+        mmap_size: 4096,
+        mmap_offset: 0,
+        num_queues: 1,
+        queue_size: 64,
+    };
+    answer(conn.fe.set_inflight_fd(&shape, region.as_raw_fd())).expect("SET_INFLIGHT_FD");
+    let mut s = Session::start(conn, 64, None);
+    s.good_write(0, 0, 0x22);
+    truncate(&region).expect("truncating the in-flight region");
+    // Guest memory is intact: the next request's fetch writes the region, and faults.
+    post_writes(&mut s, 4);
+    assert!(
+        s.conn.closed_by_peer(Duration::from_secs(10)),
+        "the daemon kept the connection of a frontend that truncated its in-flight region"
+    );
+    wait_for_log(&mut daemon, CONTAINED, Duration::from_secs(10));
+    assert!(
+        daemon.log().contains("what=\"the in-flight region\""),
+        "{}",
+        daemon.log()
+    );
+
+    export_serves_again(&mut daemon, &victim);
+    bystander.finish();
+    daemon.stop();
+}
+
+#[test]
+fn files_that_can_be_sealed_are_sealed_and_cannot_be_truncated() {
+    let dir = TestDir::new();
+    let (mut daemon, victim, _) = start_daemon(&dir);
+
+    // The in-flight region mqblk creates: sealed against any size change.
+    let (mut conn, _) = Session::negotiate_with(&victim, VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+        .expect("negotiation");
+    let shape = VhostUserInflight {
+        mmap_size: 0,
+        mmap_offset: 0,
+        num_queues: 1,
+        queue_size: 64,
+    };
+    let (_, region) = answer(conn.fe.get_inflight_fd(&shape)).expect("GET_INFLIGHT_FD");
+    let seals = rustix::fs::fcntl_get_seals(&region).unwrap();
+    use rustix::fs::SealFlags;
+    assert!(
+        seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL),
+        "{seals:?}"
+    );
+    assert!(
+        truncate(&region).is_err(),
+        "the daemon's in-flight region shrank"
+    );
+
+    // Guest memory in a memfd that allows sealing (as QEMU's and Cloud Hypervisor's do): the
+    // daemon seals it against shrinking when it maps it.
+    let mem = SharedMem::map(sealable_memfd("guest", 2 * MIB), 2 * MIB_U);
+    let mut guest = Guest::with_memory(mem);
+    Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
+    let seals = rustix::fs::fcntl_get_seals(guest.mem.file()).unwrap();
+    assert!(seals.contains(SealFlags::SHRINK), "{seals:?}");
+    assert!(truncate(&guest.fd()).is_err(), "sealed guest memory shrank");
+    guest.write(0, &[1]);
+    drop(conn);
+    assert!(daemon.has_exited().is_none());
+    daemon.stop();
+}
