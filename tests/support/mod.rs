@@ -8,6 +8,7 @@
 //! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
 //!   and rings.
 //! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
+//! - [`metrics`]: the `--metrics` endpoint's address (from the log) and an HTTP GET.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
@@ -21,6 +22,7 @@ pub mod ceph;
 pub mod daemon;
 pub mod frontend;
 pub mod mem;
+pub mod metrics;
 pub mod proc;
 pub mod qemu;
 pub mod qmp;

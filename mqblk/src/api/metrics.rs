@@ -279,6 +279,14 @@ impl Collector for Snapshot {
             "Frontends (VMMs, libblkio programs) connected now: 0 or 1.",
             exports.iter().map(|e| (export(e), u64::from(e.connected))),
         )?;
+        gauge(
+            enc,
+            "mqblk_export_failed",
+            "1 when an I/O thread of the export died (a panic, or a failed io_uring): the export serves nothing until it is removed and added again.",
+            exports
+                .iter()
+                .map(|e| (export(e), u64::from(e.failure.is_some()))),
+        )?;
         counter(
             enc,
             "mqblk_throttled_seconds_total",
@@ -388,6 +396,7 @@ mod tests {
             connected: true,
             connections: 3,
             in_flight: 2,
+            failure: (id == "b").then(|| "mqblk-io0-b: panicked: test".into()),
             counters: IoCounters::default(),
             per_thread: vec![IoCounters::default(); threads],
         }
@@ -494,6 +503,10 @@ mod tests {
             (r#"export="b"}"#, "0")
         );
         assert_eq!(samples(&text, "mqblk_connected_frontends").len(), 2);
+        assert_eq!(
+            samples(&text, "mqblk_export_failed"),
+            vec![(r#"export="vm-1"}"#, "0"), (r#"export="b"}"#, "1")]
+        );
         assert_eq!(samples(&text, "mqblk_in_flight_requests")[0].1, "2");
         // Per thread.
         let polls = samples(&text, "mqblk_thread_polls_total");

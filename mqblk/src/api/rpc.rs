@@ -530,6 +530,7 @@ mod tests {
             connected: false,
             connections: 0,
             in_flight: 0,
+            failure: None,
             counters: Default::default(),
             per_thread: Vec::new(),
         }

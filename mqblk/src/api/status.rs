@@ -31,6 +31,9 @@ pub struct ExportStatus {
     pub connections: u64,
     /// Requests in flight at the engine now.
     pub in_flight: u64,
+    /// Why the export failed (an I/O thread died; `export_del` and `export_add` bring it
+    /// back); null while it serves.
+    pub failure: Option<String>,
     /// The I/O threads' counters, summed.
     pub counters: IoCounters,
     /// Each I/O thread's counters.

@@ -137,6 +137,7 @@ impl Export {
             connected: self.state.connected(),
             connections: self.state.connections.load(Ordering::Relaxed),
             in_flight: d.threads().iter().map(|t| t.counters().in_flight()).sum(),
+            failure: d.failure().reason(),
             counters: d.counters(),
             per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),
         }
@@ -171,9 +172,13 @@ impl Export {
         Ok(self.status())
     }
 
-    /// Whether it still serves: its listener and every I/O thread run.
+    /// Whether it still serves, or failed in a way that was contained: its listener runs, and
+    /// every I/O thread runs unless the export is marked failed. (A failed export is reported
+    /// in its status and metrics; it is no reason for a watchdog to restart the daemon and
+    /// every other export with it.)
     pub fn is_healthy(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished()) && self.device.threads_running()
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+            && (self.device.threads_running() || self.device.failure().is_failed())
     }
 
     /// The socket it listens on (for an inherited socket, the path it is bound to, if any).

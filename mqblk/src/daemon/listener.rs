@@ -177,6 +177,11 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         if state.stop.load(Ordering::SeqCst) {
             break;
         }
+        if let Some(why) = device.failure().reason() {
+            tracing::warn!(export = %id, failure = %why, "a frontend connected to a failed export; closing it (export_del and export_add serve it again)");
+            drop(stream);
+            continue;
+        }
         served += 1;
         state.connections.fetch_add(1, Ordering::Relaxed);
         tracing::info!(export = %id, connection = served, "frontend connected");
@@ -194,7 +199,7 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         loop {
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
-            if !wait_for_message(&listener, &handler, served) {
+            if !wait_for_message(&listener, &handler, device.failure().event_fd(), served) {
                 break;
             }
             if let Some(channel) = peek_backend_channel(handler.as_raw_fd()) {
@@ -258,17 +263,25 @@ fn wait_for_frontend(listener: &UnixListener, wake: &EventFd) -> bool {
     }
 }
 
-/// Waits until the connection has a message (true) or is closed or failed (false), turning
-/// away any other frontend that connects meanwhile.
+/// Waits until the connection has a message (true) or is closed or failed, or the export
+/// failed (`failed` readable) (false), turning away any other frontend that connects meanwhile.
 fn wait_for_message<S: VhostUserBackendReqHandler>(
     listener: &UnixListener,
     handler: &BackendReqHandler<S>,
+    failed: RawFd,
     served: u64,
 ) -> bool {
     loop {
-        let Some(events) = poll_in([handler.as_raw_fd(), listener.as_raw_fd()], -1) else {
+        let Some(events) = poll_in([handler.as_raw_fd(), listener.as_raw_fd(), failed], -1) else {
             return false;
         };
+        if events[2] != 0 {
+            tracing::warn!(
+                connection = served,
+                "an I/O thread of this export died; closing the connection"
+            );
+            return false;
+        }
         // The frontend's own events (a message, or its hang-up) come first, so that a frontend
         // that reconnects right after closing is not mistaken for a second one.
         if events[0] != 0 {

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use crate::blk::{ConfigSpace, Geometry, Limits};
 use crate::config::{ExportConfig, MAX_SERIAL_LEN};
 use crate::engine::{Engine, ResizeError};
-use crate::io::{self, Command, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX};
+use crate::io::{
+    self, Command, Failure, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX,
+};
 
 /// Largest discard / write-zeroes, in sectors (512 MiB).
 pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
@@ -17,6 +19,8 @@ pub struct Device {
     cfg: ExportConfig,
     engine: Arc<dyn Engine>,
     threads: Vec<IoThreadHandle>,
+    /// Set when an I/O thread dies (see [`io::Failure`]).
+    failure: Arc<Failure>,
     /// Changes only on an online resize (control plane).
     config_space: Mutex<ConfigSpace>,
 }
@@ -51,6 +55,7 @@ impl Device {
         // Thread names hold 15 bytes: "mqblk-ioN-" and the start of the export's id.
         let short_name: String = cfg.id.chars().take(6).collect();
         let nthreads = cfg.num_threads();
+        let failure = Arc::new(Failure::new()?);
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
             let nq = (0..cfg.queues as usize)
@@ -64,6 +69,7 @@ impl Device {
                 serial: serial.clone(),
                 tuning: cfg.tuning,
                 throttle: throttle.clone(),
+                failure: failure.clone(),
             };
             match io::spawn(tc, engine.clone()) {
                 Ok(h) => threads.push(h),
@@ -79,8 +85,14 @@ impl Device {
             cfg,
             engine,
             threads,
+            failure,
             config_space: Mutex::new(ConfigSpace::new(&geometry)),
         })
+    }
+
+    /// Whether (and why) an I/O thread of the device died.
+    pub fn failure(&self) -> &Failure {
+        &self.failure
     }
 
     /// The export's settings.

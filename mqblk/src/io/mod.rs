@@ -31,6 +31,7 @@ mod admit;
 mod complete;
 mod control;
 pub mod dirty_log;
+mod failure;
 #[cfg(debug_assertions)]
 pub mod fault_injection;
 pub mod inflight;
@@ -62,6 +63,7 @@ use dirty_log::DirtyLog;
 use inflight::InflightQueue;
 
 pub use complete::status_of;
+pub use failure::Failure;
 pub use migration::used_ring_len;
 pub use slots::IOV_MAX;
 pub use stats::{IoCounters, SharedCounters};
@@ -185,6 +187,8 @@ pub struct IoThreadConfig {
     pub tuning: Tuning,
     /// QoS buckets shared with the export's other threads; `None` while it has no limit.
     pub throttle: Option<Arc<Throttle>>,
+    /// Where the thread records its death (shared by the export's threads).
+    pub failure: Arc<Failure>,
 }
 
 /// What the frontend keeps of a running I/O thread.
@@ -236,10 +240,25 @@ pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<Io
             if let Some(cpu) = cfg.cpu {
                 pin_to_cpu(cpu);
             }
+            let (name, failure) = (cfg.name.clone(), cfg.failure.clone());
             match thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters) {
                 Ok(mut t) => {
                     let _ = ready_tx.send(Ok(()));
-                    t.run();
+                    // A panic ends this thread and its export, never the daemon: the loop runs
+                    // under catch_unwind, and what it leaves is cleaned up by `abandon`.
+                    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run())) {
+                        Ok(()) if t.shutdown => {}
+                        Ok(()) => {
+                            tracing::error!(thread = %name, "I/O thread stopped: its io_uring failed; the export is failed");
+                            failure.record(&name, "its io_uring failed");
+                        }
+                        Err(payload) => {
+                            let why = failure::panic_message(&*payload);
+                            tracing::error!(thread = %name, panic = %why, "I/O thread panicked; the export is failed, its frontend disconnected (export_del and export_add bring it back)");
+                            failure.record(&name, &format!("panicked: {why}"));
+                            t.abandon();
+                        }
+                    }
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

@@ -321,6 +321,22 @@ impl Ring {
         self.queued_io = 0;
     }
 
+    /// Engine I/Os submitted and not yet completed.
+    pub fn io_at_device(&self) -> u64 {
+        self.io_at_device
+    }
+
+    /// Engine I/Os queued and not yet submitted.
+    pub fn queued_io(&self) -> u64 {
+        u64::from(self.queued_io)
+    }
+
+    /// Sleeps until a completion arrives or `at_most` has passed.
+    pub fn wait_at_most(&mut self, at_most: std::time::Duration, c: &mut IoCounters) {
+        self.push_timeout(at_most, Token::Ignore, c);
+        let _ = self.submit_and_wait(c);
+    }
+
     /// Whether the engine I/Os queued so far should go to the kernel now, before the rest of
     /// the batch (`policy::submit`).
     pub fn submit_early_due(&self) -> bool {

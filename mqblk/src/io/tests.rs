@@ -272,6 +272,7 @@ fn start_throttled(
 ) -> IoThreadHandle {
     let cfg = IoThreadConfig {
         name: "mqblk-io-test".into(),
+        failure: Arc::new(super::Failure::new().unwrap()),
         cpu: None,
         queue_sizes: vec![QSIZE],
         limits: Limits {
@@ -616,6 +617,7 @@ fn dirty_logging_cost_on_the_null_engine() {
     let (kick, call) = (eventfd(), eventfd());
     let cfg = IoThreadConfig {
         name: "mqblk-io-cost".into(),
+        failure: Arc::new(super::Failure::new().unwrap()),
         cpu: None,
         queue_sizes: vec![Q],
         limits: Limits {
