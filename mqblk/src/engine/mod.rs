@@ -131,12 +131,28 @@ pub enum ResizeError {
 }
 
 /// One I/O thread's way to its engine. Never shared between threads.
+///
+/// Starting an operation hands the engine raw memory (the iovecs of [`Op::Read`] and
+/// [`Op::Write`]), which it, or the kernel on its behalf, reads or writes after `start`
+/// returns: hence `start` and `retry` are `unsafe`, and their caller answers for the memory.
 pub trait Channel {
     /// Starts `op`. `token` names it in [`Channel::reap`] (for [`Started::Pending`]).
-    fn start(&mut self, op: &Op, token: u64) -> Started;
+    ///
+    /// # Safety
+    ///
+    /// For [`Op::Read`] and [`Op::Write`], `iovs` must point to `iovcnt` initialised iovecs,
+    /// each describing memory that is valid for writes (a read) or reads (a write) for
+    /// `iov_len` bytes; the iovec array and that memory must stay valid until the operation
+    /// has completed: at once for [`Started::Done`], on its ring completion for
+    /// [`Started::Ring`], when [`Channel::reap`] returns its token for [`Started::Pending`].
+    unsafe fn start(&mut self, op: &Op, token: u64) -> Started;
     /// `op` failed with `res` (a negative errno): start it again differently, or `None` to let
     /// the failure stand. The same token names the retry.
-    fn retry(&mut self, op: &Op, res: i32, token: u64) -> Option<Started> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`Channel::start`].
+    unsafe fn retry(&mut self, op: &Op, res: i32, token: u64) -> Option<Started> {
         let _ = (op, res, token);
         None
     }
@@ -264,12 +280,20 @@ mod tests {
         let e = open(&parse_export_spec("socket=s,engine=mem,size=4M").unwrap()).unwrap();
         assert_eq!((e.name(), e.capacity()), ("mem", 4 << 20));
         let mut ch = e.channel().unwrap();
-        assert!(matches!(ch.start(&Op::Flush, 7), Started::Ring(_)));
+        // SAFETY: a flush carries no memory.
+        assert!(matches!(
+            unsafe { ch.start(&Op::Flush, 7) },
+            Started::Ring(_)
+        ));
         assert!(ch.file_fd().is_some());
 
         let e = open(&parse_export_spec("socket=s,engine=null,size=4M").unwrap()).unwrap();
         let mut ch = e.channel().unwrap();
-        assert!(matches!(ch.start(&Op::Flush, 7), Started::Done(0)));
+        // SAFETY: a flush carries no memory.
+        assert!(matches!(
+            unsafe { ch.start(&Op::Flush, 7) },
+            Started::Done(0)
+        ));
         // A null read zeroes the buffers and reports every byte transferred.
         let mut buf = vec![0xaau8; 8192];
         let iovs = [
@@ -288,7 +312,8 @@ mod tests {
             iovcnt: 2,
             buf_index: None,
         };
-        assert!(matches!(ch.start(&read, 1), Started::Done(8192)));
+        // SAFETY: two iovecs over `buf`, which outlives the (immediate) completion.
+        assert!(matches!(unsafe { ch.start(&read, 1) }, Started::Done(8192)));
         assert!(buf.iter().all(|&b| b == 0));
     }
 }

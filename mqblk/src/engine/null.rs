@@ -43,7 +43,7 @@ impl Engine for NullEngine {
 struct NullChannel;
 
 impl Channel for NullChannel {
-    fn start(&mut self, op: &Op, _token: u64) -> Started {
+    unsafe fn start(&mut self, op: &Op, _token: u64) -> Started {
         if let Op::Read { iovs, iovcnt, .. } = *op {
             // SAFETY: the contract of `Op::Read`: `iovcnt` iovecs, each describing writable
             // guest memory that stays mapped until the operation completes (now).

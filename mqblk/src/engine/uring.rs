@@ -166,11 +166,11 @@ fn fallocate(fd: types::Fd, offset: u64, len: u64, mode: i32) -> squeue::Entry {
 }
 
 impl Channel for UringChannel {
-    fn start(&mut self, op: &Op, _token: u64) -> Started {
+    unsafe fn start(&mut self, op: &Op, _token: u64) -> Started {
         Started::Ring(self.entry(op))
     }
 
-    fn retry(&mut self, op: &Op, res: i32, _token: u64) -> Option<Started> {
+    unsafe fn retry(&mut self, op: &Op, res: i32, _token: u64) -> Option<Started> {
         let zero_range = matches!(op, Op::WriteZeroes { unmap: false, .. });
         if zero_range && res == -libc::EOPNOTSUPP && !self.zero_by_punching {
             self.zero_by_punching = true;

@@ -74,7 +74,9 @@ impl IoThread {
         let (kind, head, merged) = (slot.kind, slot.head, slot.is_merged());
         if res < 0 && !merged {
             let op = self.op_of(lead);
-            if let Some(again) = self.channel.retry(&op, res, u64::from(lead)) {
+            // SAFETY: as in `start_run`: the slot, its iovecs and guest memory stay until this
+            // request completes, which it has not yet.
+            if let Some(again) = unsafe { self.channel.retry(&op, res, u64::from(lead)) } {
                 self.on_started(lead, again);
                 return;
             }

@@ -254,7 +254,11 @@ impl IoThread {
         if let Op::Write { sync: true, .. } = op {
             self.counters.sync_writes += 1;
         }
-        let started = self.channel.start(&op, u64::from(lead));
+        // SAFETY: `op`'s iovecs are the lead slot's, mapped from guest memory by
+        // `map_segments` (every range checked to lie inside a guest region, writable ones for
+        // reads); the slot keeps its iovec array until the request completes, and the thread
+        // swaps or drops guest memory only once nothing is in flight (control.rs).
+        let started = unsafe { self.channel.start(&op, u64::from(lead)) };
         self.on_started(lead, started);
     }
 

@@ -103,7 +103,7 @@ impl Engine for FakeEngine {
 }
 
 impl Channel for FakeChannel {
-    fn start(&mut self, op: &Op, token: u64) -> Started {
+    unsafe fn start(&mut self, op: &Op, token: u64) -> Started {
         let (seen, res) = match *op {
             Op::Read {
                 offset,

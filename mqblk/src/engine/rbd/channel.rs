@@ -148,7 +148,7 @@ impl RbdChannel {
 }
 
 impl Channel for RbdChannel {
-    fn start(&mut self, op: &Op, token: u64) -> Started {
+    unsafe fn start(&mut self, op: &Op, token: u64) -> Started {
         let Ok(token) = u32::try_from(token) else {
             return Started::Done(-libc::EINVAL);
         };
