@@ -4,6 +4,6 @@
 //! Everything here is `unsafe` FFI: the safe wrapper is `mqblk::engine::rbd`.
 
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
-#![allow(clippy::all, missing_docs)]
+#![allow(clippy::all, clippy::undocumented_unsafe_blocks, missing_docs)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));

@@ -281,19 +281,15 @@ mod tests {
         assert_eq!((e.name(), e.capacity()), ("mem", 4 << 20));
         let mut ch = e.channel().unwrap();
         // SAFETY: a flush carries no memory.
-        assert!(matches!(
-            unsafe { ch.start(&Op::Flush, 7) },
-            Started::Ring(_)
-        ));
+        let started = unsafe { ch.start(&Op::Flush, 7) };
+        assert!(matches!(started, Started::Ring(_)));
         assert!(ch.file_fd().is_some());
 
         let e = open(&parse_export_spec("socket=s,engine=null,size=4M").unwrap()).unwrap();
         let mut ch = e.channel().unwrap();
         // SAFETY: a flush carries no memory.
-        assert!(matches!(
-            unsafe { ch.start(&Op::Flush, 7) },
-            Started::Done(0)
-        ));
+        let started = unsafe { ch.start(&Op::Flush, 7) };
+        assert!(matches!(started, Started::Done(0)));
         // A null read zeroes the buffers and reports every byte transferred.
         let mut buf = vec![0xaau8; 8192];
         let iovs = [
@@ -313,7 +309,8 @@ mod tests {
             buf_index: None,
         };
         // SAFETY: two iovecs over `buf`, which outlives the (immediate) completion.
-        assert!(matches!(unsafe { ch.start(&read, 1) }, Started::Done(8192)));
+        let started = unsafe { ch.start(&read, 1) };
+        assert!(matches!(started, Started::Done(8192)));
         assert!(buf.iter().all(|&b| b == 0));
     }
 }

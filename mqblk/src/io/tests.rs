@@ -37,10 +37,8 @@ fn eventfd() -> File {
 fn signal(f: &File) {
     let one = 1u64.to_ne_bytes();
     // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
-    assert_eq!(
-        unsafe { libc::write(f.as_raw_fd(), one.as_ptr().cast(), 8) },
-        8
-    );
+    let written = unsafe { libc::write(f.as_raw_fd(), one.as_ptr().cast(), 8) };
+    assert_eq!(written, 8);
 }
 
 /// Waits up to `timeout` for an eventfd to be signalled, and consumes the signal.

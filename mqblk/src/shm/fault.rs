@@ -119,28 +119,26 @@ impl Drop for FaultGuard {
 
 fn install_handler() -> io::Result<()> {
     static INSTALLED: OnceLock<Result<(), i32>> = OnceLock::new();
-    INSTALLED
-        .get_or_init(|| {
-            // SAFETY: sigaction with a zeroed (then filled) struct: our handler is an
-            // `extern "C"` function of the SA_SIGINFO signature, the mask is emptied with
-            // sigemptyset, and the previous action is written to a live local.
-            unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = on_sigbus
-                    as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                    as usize;
-                action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut action.sa_mask);
-                let mut previous: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(libc::SIGBUS, &action, &mut previous) != 0 {
-                    return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
-                }
-                let _ = PREVIOUS.set(previous);
+    (*INSTALLED.get_or_init(|| {
+        // SAFETY: sigaction with a zeroed (then filled) struct: our handler is an
+        // `extern "C"` function of the SA_SIGINFO signature, the mask is emptied with
+        // sigemptyset, and the previous action is written to a live local.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigbus
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, &action, &mut previous) != 0 {
+                return Err(io::Error::last_os_error().raw_os_error().unwrap_or(0));
             }
-            Ok(())
-        })
-        .clone()
-        .map_err(io::Error::from_raw_os_error)
+            let _ = PREVIOUS.set(previous);
+        }
+        Ok(())
+    }))
+    .map_err(io::Error::from_raw_os_error)
 }
 
 /// The guarded range containing `addr`, if any.

@@ -107,7 +107,7 @@ impl RbdChannel {
             return Err(r);
         }
         let img = self.image.handle;
-        // SAFETY (every arm): `img` is this thread's open handle and `c` a fresh completion.
+        // SAFETY: (every arm) `img` is this thread's open handle and `c` a fresh completion.
         // The iovecs and the guest memory they describe stay valid until the completion is
         // reaped (the contract of `Op`); librbd reads them only until then.
         let r = unsafe {

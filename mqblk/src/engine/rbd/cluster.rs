@@ -323,10 +323,10 @@ impl Cluster {
         let r = unsafe {
             sys::rbd_image_options_set_uint64(opts, sys::RBD_IMAGE_OPTION_FEATURES as i32, features)
         };
-        // SAFETY: `ioctx` is open, `opts` live; librbd copies what it needs.
         let r = if r < 0 {
             r
         } else {
+            // SAFETY: `ioctx` is open, `opts` live; librbd copies what it needs.
             unsafe { sys::rbd_create4(self.ioctx, name.as_ptr(), size, opts) }
         };
         // SAFETY: created above, destroyed once.
