@@ -1,4 +1,4 @@
-//! [`Client`]: one request at a time on a chosen queue, and [`IoError`], why one did not
+//! [`Client`]: one request at a time on a chosen queue, and [`RequestError`], why one did not
 //! succeed. What the integration tests use to probe the daemon request by request.
 
 use std::mem::MaybeUninit;
@@ -9,9 +9,9 @@ use blkio::{Blkio, Blkioq, Completion, Errno, MemoryRegion, ReqFlags};
 
 use crate::connect::{completion_msg, errno_name, map_buffer, open, ConnectOptions, Connection};
 
-/// Why a single request did not succeed.
+/// Why a [`Client`] request did not succeed.
 #[derive(Debug, thiserror::Error)]
-pub enum IoError {
+pub enum RequestError {
     /// The request completed with an error. `errno` is positive: `EIO` for device status IOERR,
     /// `ENOTSUP` for UNSUPP, `EPROTO` for an invalid status byte; `EBADF` (read-only device),
     /// `EINVAL` (misaligned) and `ENOTSUP` (feature not offered) when libblkio refused the request
@@ -34,11 +34,11 @@ pub enum IoError {
     Usage(String),
 }
 
-impl IoError {
+impl RequestError {
     /// The completion's errno, if the request completed with an error.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            IoError::Failed { errno, .. } => Some(*errno),
+            RequestError::Failed { errno, .. } => Some(*errno),
             _ => None,
         }
     }
@@ -81,7 +81,7 @@ impl Client {
         })
     }
 
-    /// How long a request may take before [`IoError::Timeout`] (default 10 s).
+    /// How long a request may take before [`RequestError::Timeout`] (default 10 s).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
@@ -123,61 +123,61 @@ impl Client {
         self.prop_i32("request-alignment").unwrap_or(512) as u32
     }
 
-    fn ensure_buf(&mut self, len: usize) -> Result<(), IoError> {
+    fn ensure_buf(&mut self, len: usize) -> Result<(), RequestError> {
         if len <= self.buf.len {
             return Ok(());
         }
-        let new =
-            map_buffer(&mut self.conn.blkio, len).map_err(|e| IoError::Driver(format!("{e:#}")))?;
+        let new = map_buffer(&mut self.conn.blkio, len)
+            .map_err(|e| RequestError::Driver(format!("{e:#}")))?;
         let old = std::mem::replace(&mut self.buf, new);
         self.conn.blkio.unmap_mem_region(&old);
         self.conn.blkio.free_mem_region(&old);
         Ok(())
     }
 
+    /// Submits one request on queue `q` (`submit` gets the queue and the request's tag) and
+    /// waits for its completion.
     fn submit_wait(
         &mut self,
         q: usize,
         submit: impl FnOnce(&mut Blkioq, usize),
-    ) -> Result<(), IoError> {
+    ) -> Result<(), RequestError> {
         let nq = self.conn.queues.len();
-        let queue = self
-            .conn
-            .queues
-            .get_mut(q)
-            .ok_or_else(|| IoError::Usage(format!("queue {q} does not exist ({nq} queues)")))?;
+        let queue = self.conn.queues.get_mut(q).ok_or_else(|| {
+            RequestError::Usage(format!("queue {q} does not exist ({nq} queues)"))
+        })?;
         self.tag = self.tag.wrapping_add(1);
         let tag = self.tag;
         submit(queue, tag);
-        let deadline = Instant::now() + self.timeout;
+        let timeout = self.timeout;
+        let deadline = Instant::now() + timeout;
         loop {
             let mut left = deadline.saturating_duration_since(Instant::now());
-            match queue.do_io(&mut self.completions, 1, Some(&mut left), None) {
-                Ok(n) => {
-                    for c in &self.completions[..n] {
-                        // SAFETY: do_io initialised the first n entries.
-                        let c = unsafe { c.assume_init_ref() };
-                        // Completions with other tags belong to requests that timed out earlier.
-                        if c.user_data == tag {
-                            return if c.ret == 0 {
-                                Ok(())
-                            } else {
-                                Err(IoError::Failed {
-                                    errno: -c.ret,
-                                    msg: completion_msg(c),
-                                })
-                            };
-                        }
-                    }
+            let n = queue
+                .do_io(&mut self.completions, 1, Some(&mut left), None)
+                .map_err(|e| match e.errno() {
+                    Errno::TIME => RequestError::Timeout(timeout),
+                    errno => RequestError::Driver(format!("{} ({errno})", e.message())),
+                })?;
+            for c in &self.completions[..n] {
+                // SAFETY: do_io initialised the first n entries.
+                let c = unsafe { c.assume_init_ref() };
+                // Completions with other tags belong to requests that timed out earlier.
+                if c.user_data == tag {
+                    return match c.ret {
+                        0 => Ok(()),
+                        ret => Err(RequestError::Failed {
+                            errno: -ret,
+                            msg: completion_msg(c),
+                        }),
+                    };
                 }
-                Err(e) if e.errno() == Errno::TIME => return Err(IoError::Timeout(self.timeout)),
-                Err(e) => return Err(IoError::Driver(format!("{} ({})", e.message(), e.errno()))),
             }
         }
     }
 
     /// Reads `buf.len()` bytes at `offset` on queue `q`.
-    pub fn read(&mut self, q: usize, offset: u64, buf: &mut [u8]) -> Result<(), IoError> {
+    pub fn read(&mut self, q: usize, offset: u64, buf: &mut [u8]) -> Result<(), RequestError> {
         self.ensure_buf(buf.len())?;
         let (addr, len) = (self.buf.addr as *mut u8, buf.len());
         self.submit_wait(q, |queue, tag| {
@@ -189,14 +189,14 @@ impl Client {
     }
 
     /// Reads `len` bytes at `offset` on queue `q` into a new vector.
-    pub fn read_vec(&mut self, q: usize, offset: u64, len: usize) -> Result<Vec<u8>, IoError> {
+    pub fn read_vec(&mut self, q: usize, offset: u64, len: usize) -> Result<Vec<u8>, RequestError> {
         let mut v = vec![0u8; len];
         self.read(q, offset, &mut v)?;
         Ok(v)
     }
 
     /// Writes `data` at `offset` on queue `q`.
-    pub fn write(&mut self, q: usize, offset: u64, data: &[u8]) -> Result<(), IoError> {
+    pub fn write(&mut self, q: usize, offset: u64, data: &[u8]) -> Result<(), RequestError> {
         self.write_flags(q, offset, data, ReqFlags::empty())
     }
 
@@ -207,7 +207,7 @@ impl Client {
         offset: u64,
         data: &[u8],
         flags: ReqFlags,
-    ) -> Result<(), IoError> {
+    ) -> Result<(), RequestError> {
         self.ensure_buf(data.len())?;
         let (addr, len) = (self.buf.addr as *mut u8, data.len());
         // SAFETY: the region is mapped and at least `len` long; no request is using it.
@@ -217,12 +217,12 @@ impl Client {
 
     /// Flushes the device's write cache (libblkio completes it locally, successfully, if the
     /// device does not offer `VIRTIO_BLK_F_FLUSH`).
-    pub fn flush(&mut self, q: usize) -> Result<(), IoError> {
+    pub fn flush(&mut self, q: usize) -> Result<(), RequestError> {
         self.submit_wait(q, |queue, tag| queue.flush(tag, ReqFlags::empty()))
     }
 
     /// Discards `len` bytes at `offset`.
-    pub fn discard(&mut self, q: usize, offset: u64, len: u64) -> Result<(), IoError> {
+    pub fn discard(&mut self, q: usize, offset: u64, len: u64) -> Result<(), RequestError> {
         self.submit_wait(q, |queue, tag| {
             queue.discard(offset, len, tag, ReqFlags::empty())
         })
@@ -236,7 +236,7 @@ impl Client {
         offset: u64,
         len: u64,
         unmap: bool,
-    ) -> Result<(), IoError> {
+    ) -> Result<(), RequestError> {
         let flags = if unmap {
             ReqFlags::empty()
         } else {

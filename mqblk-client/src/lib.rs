@@ -30,11 +30,11 @@
 //! # Files
 //!
 //! * `connect.rs`: connecting and starting ([`ConnectOptions`]), buffers, libblkio's errors;
-//! * `client.rs`: [`Client`] and [`IoError`], why one of its requests did not succeed;
+//! * `client.rs`: [`Client`] and [`RequestError`], why one of its requests did not succeed;
 //! * `data_pattern.rs`: the verify pattern ([`fill_pattern`], [`check_pattern`]);
 //! * `histogram.rs`: [`LatencyHistogram`];
 //! * `workload.rs`: [`Pattern`], [`Workload`], [`job_regions`];
-//! * `report.rs`: [`Report`], [`JobReport`], and [`IoFailure`], a run's first failed request;
+//! * `report.rs`: [`Report`], [`JobReport`], and [`FailedRequest`], a run's first failed request;
 //! * `runner/`: [`run`]: `mod.rs` connects, lays out the queues' jobs and slots and starts a
 //!   thread per queue; `queue.rs` is one queue's thread (submit, wait, complete); `job.rs` one
 //!   job (its next request, its phases, what it counts).
@@ -50,10 +50,10 @@ mod workload;
 /// Request flags for [`Client::write_flags`] (libblkio's).
 pub use blkio::ReqFlags;
 
-pub use client::{Client, IoError};
+pub use client::{Client, RequestError};
 pub use connect::{ConnectOptions, DRIVER};
 pub use data_pattern::{check_pattern, fill_pattern};
 pub use histogram::LatencyHistogram;
-pub use report::{IoFailure, JobReport, Report};
+pub use report::{FailedRequest, JobReport, Report};
 pub use runner::run;
 pub use workload::{job_regions, Pattern, Workload};

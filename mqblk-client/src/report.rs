@@ -1,4 +1,4 @@
-//! [`Report`]: what a [`run`](crate::run) counted, in all and per job, and [`IoFailure`], the
+//! [`Report`]: what a [`run`](crate::run) counted, in all and per job, and [`FailedRequest`], the
 //! first request of a run that failed.
 
 use std::fmt;
@@ -8,20 +8,21 @@ use crate::connect::errno_name;
 use crate::histogram::LatencyHistogram;
 use crate::workload::Pattern;
 
-/// The first failed request of a run.
+/// A request of a run that completed with an error ([`Report::first_error`] keeps the
+/// first).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IoFailure {
+pub struct FailedRequest {
     /// Job index.
     pub job: usize,
     /// Whether it was a write (else a read).
     pub write: bool,
     /// Disk offset of the request.
     pub offset: u64,
-    /// Positive errno, as for [`IoError::Failed`](crate::IoError::Failed).
+    /// Positive errno, as for [`RequestError::Failed`](crate::RequestError::Failed).
     pub errno: i32,
 }
 
-impl fmt::Display for IoFailure {
+impl fmt::Display for FailedRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -76,7 +77,7 @@ pub struct Report {
     /// Requests that completed with an error.
     pub errors: u64,
     /// The first request that failed.
-    pub first_error: Option<IoFailure>,
+    pub first_error: Option<FailedRequest>,
     /// Bytes read back and found as written (Verify, Check).
     pub verified_bytes: u64,
     /// Blocks read back that differ from the pattern (Verify, Check).
@@ -167,7 +168,7 @@ pub(crate) struct JobCounts {
     pub(crate) writes: u64,
     pub(crate) bytes: u64,
     pub(crate) errors: u64,
-    pub(crate) first_error: Option<IoFailure>,
+    pub(crate) first_error: Option<FailedRequest>,
     pub(crate) verified_bytes: u64,
     pub(crate) mismatches: u64,
     pub(crate) first_mismatch: Option<u64>,

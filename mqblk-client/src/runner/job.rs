@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::data_pattern::{check_pattern, mix64};
-use crate::report::{IoFailure, JobCounts, JobReport};
+use crate::report::{FailedRequest, JobCounts, JobReport};
 use crate::workload::{Pattern, Workload};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ impl Job {
         }
         if ret != 0 {
             c.errors += 1;
-            c.first_error.get_or_insert(IoFailure {
+            c.first_error.get_or_insert(FailedRequest {
                 job: self.idx,
                 write: req.write,
                 offset: req.offset,
