@@ -8,12 +8,17 @@
 //! median and min–max, because shared machines are noisy and drift.
 //!
 //! The parts:
-//! - this module: options, the grid, the run order, and the statistics (pure, unit-tested);
-//! - [`run`](self::run): starting and stopping backends, measuring one point;
-//! - `report`: the printed table, `results.json` and `report.md`;
+//! - this module: options, the grid, the run order (pure, unit-tested);
+//! - [`run`]: starting and stopping backends, measuring one point;
+//! - `sample`: what one run of a point measured ([`Sample`]);
+//! - `summary`: **the metric table**: each metric once, from which [`Summary`] (median and
+//!   min–max over a point's samples, [`Stat`]) and both tables' columns are generated;
+//! - `ratio`: same-run comparisons with QSD, native fio and the first `--mqblk-opts` variant;
+//! - `host`: the machine, recorded with the results;
+//! - `report`: [`BenchResults`] and `results.json`; `table` the printed table, `markdown`
+//!   `report.md`;
 //! - `plot`: the PNG (IOPS against jobs, one line per backend/mode).
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -23,12 +28,20 @@ use serde::Serialize;
 
 use mqblk_client::Pattern;
 
+mod host;
+mod markdown;
 mod plot;
+mod ratio;
 pub mod rbd;
 mod report;
 pub mod run;
+mod sample;
+mod summary;
+mod table;
 
-pub use report::{BenchResults, PointResult, Sample, Summary};
+pub use report::{BenchResults, PointResult};
+pub use sample::Sample;
+pub use summary::{Stat, Summary};
 
 /// `mqblk bench` command-line arguments.
 #[derive(clap::Args, Debug, Clone)]
@@ -601,56 +614,6 @@ pub fn schedule(points: usize, repeat: usize) -> Vec<(usize, usize)> {
     out
 }
 
-/// Median and range of some samples.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Stat {
-    /// Median (mean of the middle two for an even count).
-    pub median: f64,
-    /// Smallest.
-    pub min: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Stat {
-    /// `None` for no samples. NaNs are ignored.
-    pub fn of(values: &[f64]) -> Option<Stat> {
-        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
-        let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Stat {
-            median,
-            min: v[0],
-            max: v[n - 1],
-        })
-    }
-}
-
-impl fmt::Display for Stat {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = f.precision().unwrap_or(0);
-        let (med, lo, hi) = (
-            format!("{:.p$}", self.median),
-            format!("{:.p$}", self.min),
-            format!("{:.p$}", self.max),
-        );
-        // The range only where it shows at this precision.
-        if lo == hi {
-            write!(f, "{med}")
-        } else {
-            write!(f, "{med} ({lo}–{hi})")
-        }
-    }
-}
-
 /// `arg` as a POSIX shell word: as is when that is unambiguous, else single-quoted (so that a
 /// recorded command line, empty `--mqblk-opts ''` included, can be pasted back).
 pub fn shell_quote(arg: &str) -> String {
@@ -683,7 +646,7 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
     let points = opts.points();
     ensure!(!points.is_empty(), "nothing to run");
     let order = schedule(points.len(), opts.repeat);
-    let host = report::HostInfo::collect();
+    let host = host::HostInfo::collect();
     println!(
         "mqblk bench: {} points x {} repeats, {:.1} s each (about {:.0} s); {} CPUs ({}), load {}",
         points.len(),
@@ -758,21 +721,24 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The options of `mqblk bench ARGS` (words split at whitespace; `--opt=` for an empty value),
+/// for tests.
+#[cfg(test)]
+pub(crate) fn test_options(args: &str) -> Result<BenchOptions, String> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.split_whitespace()))
+        .map_err(|e| e.to_string())?;
+    BenchOptions::from_args(&cli.a)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(extra: &[&str]) -> BenchArgs {
-        use clap::Parser;
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            a: BenchArgs,
-        }
-        let mut v = vec!["bench"];
-        v.extend_from_slice(extra);
-        Cli::try_parse_from(v).unwrap().a
-    }
 
     #[test]
     fn lists_parse_trim_and_dedupe() {
@@ -812,45 +778,29 @@ mod tests {
 
     #[test]
     fn options_validate() {
-        let o = BenchOptions::from_args(&args(&[])).unwrap();
+        let o = test_options("").unwrap();
         assert_eq!(o.backends, vec![Backend::Mqblk]);
         assert_eq!(o.modes, vec![Mode::Baseline, Mode::Mq, Mode::PerQueue]);
         assert_eq!(o.mqblk_opts, vec![String::new()]);
         assert_eq!(o.size, 1 << 30);
-        let e = BenchOptions::from_args(&args(&["--backend", "native"])).unwrap_err();
+        let e = test_options("--backend native").unwrap_err();
         assert!(e.contains("--engine uring"), "{e}");
-        let e = BenchOptions::from_args(&args(&["--mqblk-opts", "queues=4"])).unwrap_err();
+        let e = test_options("--mqblk-opts queues=4").unwrap_err();
         assert!(e.contains("queues="), "{e}");
-        let e = BenchOptions::from_args(&args(&["--runtime", "0"])).unwrap_err();
+        let e = test_options("--runtime 0").unwrap_err();
         assert!(e.contains("--runtime"), "{e}");
-        let o = BenchOptions::from_args(&args(&[
-            "--mqblk-opts",
-            "poll=off,",
-            "--mqblk-opts",
-            "",
-            "--engine",
-            "uring",
-            "--backend",
-            "native,mqblk",
-        ]))
+        let o = test_options(
+            "--mqblk-opts poll=off, --mqblk-opts= --engine uring --backend native,mqblk",
+        )
         .unwrap();
         assert_eq!(o.mqblk_opts, vec!["poll=off".to_string(), String::new()]);
         assert_eq!(o.engine, EngineKind::Uring);
-        let e = BenchOptions::from_args(&args(&["--engine", "rbd"])).unwrap_err();
+        let e = test_options("--engine rbd").unwrap_err();
         assert!(e.contains("--rbd POOL/IMAGE"), "{e}");
-        let e = BenchOptions::from_args(&args(&["--rbd", "rbd/x"])).unwrap_err();
+        let e = test_options("--rbd rbd/x").unwrap_err();
         assert!(e.contains("--engine rbd"), "{e}");
-        let o = BenchOptions::from_args(&args(&[
-            "--engine",
-            "rbd",
-            "--rbd",
-            "rbd/bench",
-            "--ceph-conf",
-            "/c",
-            "--backend",
-            "mqblk,qsd",
-        ]))
-        .unwrap();
+        let o = test_options("--engine rbd --rbd rbd/bench --ceph-conf /c --backend mqblk,qsd")
+            .unwrap();
         assert_eq!(
             o.rbd.as_ref().map(|r| r.spec()).as_deref(),
             Some("rbd/bench")
@@ -859,16 +809,7 @@ mod tests {
 
     #[test]
     fn grid_and_labels() {
-        let o = BenchOptions::from_args(&args(&[
-            "--backend",
-            "mqblk,qsd",
-            "--mode",
-            "baseline,per-queue",
-            "--jobs",
-            "1,2",
-            "--workloads",
-            "randread-4k,write-32k",
-        ]))
+        let o = test_options("--backend mqblk,qsd --mode baseline,per-queue --jobs 1,2 --workloads randread-4k,write-32k")
         .unwrap();
         let p = o.points();
         // per (workload, jobs): mqblk x 2 modes + qsd baseline + qsd mq.
@@ -890,17 +831,8 @@ mod tests {
         assert_eq!(qsd_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
         assert_eq!(qsd_modes(&[Mode::Mq, Mode::PerQueue]), vec![Mode::Mq]);
 
-        let o = BenchOptions::from_args(&args(&[
-            "--mode",
-            "per-queue",
-            "--mqblk-opts",
-            "poll=off",
-            "--mqblk-opts",
-            "",
-            "--jobs",
-            "1",
-        ]))
-        .unwrap();
+        let o =
+            test_options("--mode per-queue --mqblk-opts poll=off --mqblk-opts= --jobs 1").unwrap();
         let p = o.points();
         assert_eq!(p.len(), 2);
         assert_eq!(o.label(&p[0]), "mqblk per-queue [poll=off]");
@@ -939,33 +871,5 @@ mod tests {
             assert_eq!(reps, vec![0, 1, 2, 3]);
         }
         assert!(schedule(0, 3).is_empty());
-    }
-
-    #[test]
-    fn stat_median_and_range() {
-        assert_eq!(Stat::of(&[]), None);
-        assert_eq!(
-            Stat::of(&[3.0, 1.0, 2.0]),
-            Some(Stat {
-                median: 2.0,
-                min: 1.0,
-                max: 3.0
-            })
-        );
-        assert_eq!(
-            Stat::of(&[4.0, 1.0, 2.0, 10.0]),
-            Some(Stat {
-                median: 3.0,
-                min: 1.0,
-                max: 10.0
-            })
-        );
-        assert_eq!(Stat::of(&[f64::NAN, 5.0]).unwrap().median, 5.0);
-        assert_eq!(
-            format!("{:.1}", Stat::of(&[1.0, 2.0, 4.0]).unwrap()),
-            "2.0 (1.0–4.0)"
-        );
-        assert_eq!(format!("{:.0}", Stat::of(&[7.0]).unwrap()), "7");
-        assert_eq!(format!("{:.1}", Stat::of(&[7.01, 7.02]).unwrap()), "7.0");
     }
 }

@@ -15,8 +15,8 @@ use anyhow::{bail, ensure, Context};
 use mqblk::daemon::stats::StatsFile;
 use mqblk::io::IoCounters;
 
-use super::report::{MqblkCounters, Sample};
 use super::{Backend, BenchOptions, EngineKind, PointConfig, WorkloadSpec};
+use crate::sample::{MqblkCounters, Sample};
 use mqblk_client::{self as client, Workload};
 
 /// How long a backend may take to start listening, and to exit after SIGTERM.
@@ -172,11 +172,7 @@ impl<'a> RunEnv<'a> {
         self.seq.set(n);
         match self.try_run(p, repeat, n) {
             Ok(s) => s,
-            Err(e) => Sample {
-                repeat,
-                error: Some(format!("{e:#}")),
-                ..Sample::default()
-            },
+            Err(e) => Sample::failed(repeat, format!("{e:#}")),
         }
     }
 
