@@ -129,16 +129,15 @@ fn try_open(
     }
     let n = opts.num_queues as i32;
     let (normal, polled) = if opts.poll { (0, n) } else { (n, 0) };
-    blkio
-        .set_i32("num-queues", normal)
-        .map_err(StartError::other("setting num-queues"))?;
-    blkio
-        .set_i32("num-poll-queues", polled)
-        .map_err(StartError::other("setting num-poll-queues"))?;
-    if let Some(qs) = opts.queue_size {
+    let mut set_i32 = |name: &str, value: i32| {
         blkio
-            .set_i32("queue-size", qs as i32)
-            .map_err(StartError::other("setting queue-size"))?;
+            .set_i32(name, value)
+            .map_err(StartError::other(&format!("setting {name}")))
+    };
+    set_i32("num-queues", normal)?;
+    set_i32("num-poll-queues", polled)?;
+    if let Some(qs) = opts.queue_size {
+        set_i32("queue-size", qs as i32)?;
     }
     match blkio.start() {
         Ok(out) => {
