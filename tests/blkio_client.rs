@@ -13,8 +13,8 @@ mod support;
 use std::time::Duration;
 
 use mqblk_client::{
-    check_pattern, fill_pattern, run, Client, ConnectOptions, IoError, Pattern, Report, ReqFlags,
-    Workload,
+    check_pattern, fill_pattern, run, Client, ConnectOptions, Pattern, Report, ReqFlags,
+    RequestError, Workload,
 };
 use support::daemon::*;
 
@@ -23,16 +23,16 @@ const IMG_SIZE: u64 = 8 * MIB;
 const OLD_SEED: u64 = 0x01d_da7a;
 const BS: usize = 4096;
 
-fn expect_errno(r: Result<(), IoError>, errno: i32, what: &str) {
+fn expect_errno(r: Result<(), RequestError>, errno: i32, what: &str) {
     match r {
-        Err(IoError::Failed { errno: e, .. }) if e == errno => {}
+        Err(RequestError::Failed { errno: e, .. }) if e == errno => {}
         other => panic!("{what}: expected a completion with errno {errno}, got {other:?}"),
     }
 }
 
-fn expect_failed(r: Result<(), IoError>, what: &str) -> i32 {
+fn expect_failed(r: Result<(), RequestError>, what: &str) -> i32 {
     match r {
-        Err(IoError::Failed { errno, .. }) => errno,
+        Err(RequestError::Failed { errno, .. }) => errno,
         other => panic!("{what}: expected an error completion, got {other:?}"),
     }
 }

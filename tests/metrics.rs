@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mqblk_client::{Client, IoError};
+use mqblk_client::{Client, RequestError};
 use support::daemon::*;
 use support::metrics::{http_get, metrics_addr, try_http_get};
 use support::proc::{tool_version, Proc};
@@ -137,7 +137,7 @@ struct Counts {
 }
 
 impl Counts {
-    fn book(&mut self, op: &'static str, q: usize, bytes: u64, r: Result<(), IoError>) {
+    fn book(&mut self, op: &'static str, q: usize, bytes: u64, r: Result<(), RequestError>) {
         let t = self.by_op.entry(op).or_default();
         t.requests += 1;
         match r {
@@ -145,7 +145,7 @@ impl Counts {
                 t.bytes += bytes;
                 self.submitted[q] += 1;
             }
-            Err(IoError::Failed { .. }) => t.errors += 1,
+            Err(RequestError::Failed { .. }) => t.errors += 1,
             Err(e) => panic!("{op} on queue {q}: {e}"),
         }
     }

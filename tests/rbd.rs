@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{run, Client, IoError};
+use mqblk_client::{run, Client, RequestError};
 use support::api::{daemon_with_api, Api};
 use support::ceph::Ceph;
 use support::daemon::*;
@@ -263,7 +263,7 @@ fn readonly_refuses_writes() {
         "read-only read",
     );
     match c.write(0, 0, &[0x55; BS]) {
-        Err(IoError::Failed { .. }) => {}
+        Err(RequestError::Failed { .. }) => {}
         other => panic!("libblkio write to a read-only export: {other:?}"),
     }
     drop(c);
@@ -426,7 +426,7 @@ fn osd_outage_gives_errors_then_io_resumes() {
         .set("timeout", &TIMEOUT_S.to_string());
     let mut daemon = Daemon::start(&dir, &[export]);
     let mut c = Client::connect(&sock, 2).expect("connect");
-    // The client waits longer than mqblk's timeout: a hang shows as IoError::Timeout.
+    // The client waits longer than mqblk's timeout: a hang shows as RequestError::Timeout.
     c.set_timeout(Duration::from_secs(TIMEOUT_S * 4));
     let before = pattern(MIB as usize, 0, 1);
     c.write(0, 0, &before).expect("write before the outage");
@@ -446,7 +446,7 @@ fn osd_outage_gives_errors_then_io_resumes() {
             let t = Instant::now();
             match c.write((written % 2) as usize, off, &pattern(BS, off, 2)) {
                 Ok(()) => written += 1,
-                Err(IoError::Failed { errno, .. }) => failed = Some((errno, t.elapsed())),
+                Err(RequestError::Failed { errno, .. }) => failed = Some((errno, t.elapsed())),
                 Err(e) => panic!("write during the outage: {e} (expected an I/O error)"),
             }
         }
@@ -462,7 +462,7 @@ fn osd_outage_gives_errors_then_io_resumes() {
     // A read fails too, within the timeout.
     let t = Instant::now();
     match c.read_vec(1, 0, BS) {
-        Err(IoError::Failed { errno, .. }) => assert_eq!(errno, libc::EIO),
+        Err(RequestError::Failed { errno, .. }) => assert_eq!(errno, libc::EIO),
         other => panic!("read with the OSD down: {other:?}"),
     }
     assert!(

@@ -1,0 +1,352 @@
+//! The grid a run measures: its axes ([`Backend`], [`Mode`], [`WorkloadSpec`], jobs,
+//! iodepth), its points ([`PointConfig`], [`BenchOptions::points`]) and their labels, and the
+//! order they run in ([`schedule`]).
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use mqblk_client::Pattern;
+
+use crate::options::BenchOptions;
+
+/// A backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// mqblk, started as `mqblk serve`.
+    Mqblk,
+    /// qemu-storage-daemon's vhost-user-blk export.
+    Qsd,
+    /// fio with io_uring straight on the file: no vhost-user at all.
+    Native,
+}
+
+impl Backend {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Mqblk => "mqblk",
+            Backend::Qsd => "qsd",
+            Backend::Native => "native",
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mqblk" => Ok(Backend::Mqblk),
+            "qsd" => Ok(Backend::Qsd),
+            "native" | "fio" => Ok(Backend::Native),
+            _ => Err(format!("unknown backend {s:?}: use mqblk, qsd or native")),
+        }
+    }
+}
+
+/// A queue-to-thread mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// One queue, one thread; all jobs share queue 0.
+    Baseline,
+    /// One queue per job, one thread.
+    Mq,
+    /// One queue and one thread per job.
+    PerQueue,
+}
+
+impl Mode {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Baseline => "baseline",
+            Mode::Mq => "mq",
+            Mode::PerQueue => "per-queue",
+        }
+    }
+
+    /// Virtqueues for `jobs` jobs.
+    pub fn queues(self, jobs: usize) -> usize {
+        match self {
+            Mode::Baseline => 1,
+            Mode::Mq | Mode::PerQueue => jobs,
+        }
+    }
+
+    /// mqblk's `threads=` value.
+    pub fn threads(self) -> &'static str {
+        match self {
+            Mode::Baseline | Mode::Mq => "1",
+            Mode::PerQueue => "per-queue",
+        }
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "baseline" => Ok(Mode::Baseline),
+            "mq" => Ok(Mode::Mq),
+            "per-queue" | "perqueue" => Ok(Mode::PerQueue),
+            _ => Err(format!("unknown mode {s:?}: use baseline, mq or per-queue")),
+        }
+    }
+}
+
+/// A workload: access pattern and block size, e.g. `randread-4k`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkloadSpec {
+    /// As given, e.g. `randread-4k`.
+    pub name: String,
+    /// The client's pattern.
+    #[serde(serialize_with = "ser_pattern")]
+    pub pattern: Pattern,
+    /// Bytes per request.
+    pub block_size: usize,
+}
+
+fn ser_pattern<S: serde::Serializer>(p: &Pattern, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+impl WorkloadSpec {
+    /// fio's `--rw` for this workload.
+    pub fn fio_rw(&self) -> &'static str {
+        match self.pattern {
+            Pattern::RandRead => "randread",
+            Pattern::RandWrite => "randwrite",
+            Pattern::SeqRead => "read",
+            _ => "write",
+        }
+    }
+}
+
+impl FromStr for WorkloadSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "invalid workload {s:?}: KIND-SIZE with KIND randread, randwrite, read or write \
+                 and SIZE a multiple of 512 up to 1M, e.g. randread-4k"
+            )
+        };
+        let (kind, size) = s.split_once('-').ok_or_else(bad)?;
+        let pattern = match kind {
+            "randread" => Pattern::RandRead,
+            "randwrite" => Pattern::RandWrite,
+            "read" | "seqread" => Pattern::SeqRead,
+            "write" | "seqwrite" => Pattern::SeqWrite,
+            _ => return Err(bad()),
+        };
+        let block_size = mqblk::config::parse_size(&size.to_ascii_uppercase())
+            .filter(|b| *b >= 512 && *b <= 1 << 20 && b % 512 == 0)
+            .ok_or_else(bad)? as usize;
+        Ok(WorkloadSpec {
+            name: s.to_string(),
+            pattern,
+            block_size,
+        })
+    }
+}
+
+impl BenchOptions {
+    /// Every point of the grid, in the order of the first repeat: comparable points (same
+    /// workload, iodepth and jobs) next to each other in time.
+    pub fn points(&self) -> Vec<PointConfig> {
+        let mut out = Vec::new();
+        for (wi, _) in self.workloads.iter().enumerate() {
+            for &iodepth in &self.iodepths {
+                for &jobs in &self.jobs {
+                    for &backend in &self.backends {
+                        let mut push = |mode: Option<Mode>, variant: usize| {
+                            out.push(PointConfig {
+                                backend,
+                                mode,
+                                variant,
+                                workload: wi,
+                                jobs,
+                                iodepth,
+                            })
+                        };
+                        match backend {
+                            Backend::Mqblk => {
+                                for &m in &self.modes {
+                                    for v in 0..self.mqblk_opts.len() {
+                                        push(Some(m), v);
+                                    }
+                                }
+                            }
+                            Backend::Qsd => {
+                                for m in qsd_modes(&self.modes) {
+                                    push(Some(m), 0);
+                                }
+                            }
+                            Backend::Native => push(None, 0),
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The series label of a point: backend, mapping and (if several or any) mqblk options.
+    pub fn label(&self, p: &PointConfig) -> String {
+        let mut s = p.backend.name().to_string();
+        if let Some(m) = p.mode {
+            s.push(' ');
+            s.push_str(m.name());
+        }
+        if p.backend == Backend::Mqblk {
+            let o = &self.mqblk_opts[p.variant];
+            if !o.is_empty() {
+                s.push_str(&format!(" [{o}]"));
+            } else if self.mqblk_opts.len() > 1 {
+                s.push_str(" [defaults]");
+            }
+        }
+        if p.backend == Backend::Qsd && self.qsd_iothread {
+            s.push_str(" [iothread]");
+        }
+        if p.backend == Backend::Native {
+            s = "native fio".into();
+        }
+        s
+    }
+}
+
+/// The mappings QSD can express from those asked for: baseline (1 queue) and mq (one queue
+/// per job, all served by one AioContext). per-queue has no QSD equivalent: it maps to mq.
+pub fn qsd_modes(modes: &[Mode]) -> Vec<Mode> {
+    let mut out = Vec::new();
+    if modes.contains(&Mode::Baseline) {
+        out.push(Mode::Baseline);
+    }
+    if modes.contains(&Mode::Mq) || modes.contains(&Mode::PerQueue) {
+        out.push(Mode::Mq);
+    }
+    out
+}
+
+/// One point of the grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PointConfig {
+    /// Backend.
+    pub backend: Backend,
+    /// Mapping (none for native fio).
+    pub mode: Option<Mode>,
+    /// Index into [`BenchOptions::mqblk_opts`] (0 for other backends).
+    pub variant: usize,
+    /// Index into [`BenchOptions::workloads`].
+    pub workload: usize,
+    /// Jobs.
+    pub jobs: usize,
+    /// Requests in flight per job.
+    pub iodepth: usize,
+}
+
+impl PointConfig {
+    /// Virtqueues the client uses (and the export offers).
+    pub fn queues(&self) -> usize {
+        self.mode.map(|m| m.queues(self.jobs)).unwrap_or(1)
+    }
+}
+
+/// The run order: `(repeat, point index)` pairs. Every repeat runs every point once; odd
+/// repeats run them in reverse, so that slow drift (thermal, other tenants) does not always
+/// favour the points that come first.
+pub fn schedule(points: usize, repeat: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(points * repeat);
+    for r in 0..repeat {
+        if r % 2 == 0 {
+            out.extend((0..points).map(|p| (r, p)));
+        } else {
+            out.extend((0..points).rev().map(|p| (r, p)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_options;
+
+    #[test]
+    fn workloads_parse() {
+        let w: WorkloadSpec = "randread-4k".parse().unwrap();
+        assert_eq!((w.pattern, w.block_size), (Pattern::RandRead, 4096));
+        let w: WorkloadSpec = "write-32k".parse().unwrap();
+        assert_eq!(
+            (w.pattern, w.block_size, w.fio_rw()),
+            (Pattern::SeqWrite, 32768, "write")
+        );
+        let w: WorkloadSpec = "read-32K".parse().unwrap();
+        assert_eq!((w.pattern, w.fio_rw()), (Pattern::SeqRead, "read"));
+        let w: WorkloadSpec = "randwrite-512".parse().unwrap();
+        assert_eq!((w.pattern, w.block_size), (Pattern::RandWrite, 512));
+        for bad in ["randread", "randread-3", "randread-2M", "trim-4k", "-4k"] {
+            assert!(bad.parse::<WorkloadSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn grid_and_labels() {
+        let o = test_options("--backend mqblk,qsd --mode baseline,per-queue --jobs 1,2 --workloads randread-4k,write-32k")
+        .unwrap();
+        let p = o.points();
+        // per (workload, jobs): mqblk x 2 modes + qsd baseline + qsd mq.
+        assert_eq!(p.len(), 2 * 2 * 4);
+        let labels: Vec<String> = p[..4].iter().map(|x| o.label(x)).collect();
+        assert_eq!(
+            labels,
+            [
+                "mqblk baseline",
+                "mqblk per-queue",
+                "qsd baseline",
+                "qsd mq"
+            ]
+        );
+        assert!(p[..4].iter().all(|x| x.jobs == 1 && x.workload == 0));
+        assert!(p[4..8].iter().all(|x| x.jobs == 2 && x.workload == 0));
+        assert_eq!(p[5].queues(), 2);
+        assert_eq!(p[4].queues(), 1);
+        assert_eq!(qsd_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
+        assert_eq!(qsd_modes(&[Mode::Mq, Mode::PerQueue]), vec![Mode::Mq]);
+
+        let o =
+            test_options("--mode per-queue --mqblk-opts poll=off --mqblk-opts= --jobs 1").unwrap();
+        let p = o.points();
+        assert_eq!(p.len(), 2);
+        assert_eq!(o.label(&p[0]), "mqblk per-queue [poll=off]");
+        assert_eq!(o.label(&p[1]), "mqblk per-queue [defaults]");
+    }
+
+    #[test]
+    fn schedule_interleaves_and_alternates() {
+        assert_eq!(
+            schedule(3, 3),
+            vec![
+                (0, 0),
+                (0, 1),
+                (0, 2),
+                (1, 2),
+                (1, 1),
+                (1, 0),
+                (2, 0),
+                (2, 1),
+                (2, 2)
+            ]
+        );
+        // Every point runs once per repeat.
+        let s = schedule(5, 4);
+        for p in 0..5 {
+            let reps: Vec<usize> = s.iter().filter(|x| x.1 == p).map(|x| x.0).collect();
+            assert_eq!(reps, vec![0, 1, 2, 3]);
+        }
+        assert!(schedule(0, 3).is_empty());
+    }
+}

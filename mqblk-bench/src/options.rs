@@ -1,0 +1,393 @@
+//! `mqblk bench`'s command line ([`BenchArgs`]) and its validated settings
+//! ([`BenchOptions`]): what each option means, how lists are parsed, what is refused.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::grid::{Backend, Mode, WorkloadSpec};
+use crate::rbd;
+
+/// `mqblk bench` command-line arguments.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Backends, comma-separated: mqblk, qsd (qemu-storage-daemon), native (fio with io_uring
+    /// directly on --path; uring engine only).
+    #[arg(long, default_value = "mqblk")]
+    pub backend: String,
+    /// mqblk thread mappings, comma-separated: baseline (1 queue, 1 thread), mq (one queue per
+    /// job, 1 thread), per-queue (one queue and one thread per job). qsd runs baseline and/or mq
+    /// (one AioContext serves all queues: per-queue maps to its mq).
+    #[arg(long, default_value = "baseline,mq,per-queue")]
+    pub mode: String,
+    /// Storage engine: null (completes at once, reads give zeros; QSD: null-co with
+    /// read-zeroes=on), uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
+    /// cache.direct=on) or rbd (the Ceph RBD image --rbd, librbd's cache off; QSD: rbd,
+    /// cache.direct=on; mqblk must be built with --features rbd).
+    #[arg(long, default_value = "null")]
+    pub engine: String,
+    /// The RBD image for the rbd engine, as POOL/IMAGE. Created at --size and filled with data
+    /// (by the rbd tool) if missing; an existing image is used at its size.
+    #[arg(long, value_name = "POOL/IMAGE")]
+    pub rbd: Option<String>,
+    /// ceph.conf of the rbd engine's cluster (default: librados's search, /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_conf: Option<PathBuf>,
+    /// Keyring for mqblk and the rbd tool (QSD's rbd driver reads the keyring ceph.conf names).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_keyring: Option<PathBuf>,
+    /// Ceph client name, without `client.`.
+    #[arg(long, default_value = "admin", value_name = "NAME")]
+    pub ceph_user: String,
+    /// Raw image for the uring engine (default OUT/disk.img). Created and filled with data at
+    /// --size if missing; an existing file is used at its size.
+    #[arg(long, value_name = "FILE")]
+    pub path: Option<PathBuf>,
+    /// Disk size (K/M/G suffixes) for the null engine or a new image.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Workloads, comma-separated: randread|randwrite|read|write, dash, block size
+    /// (read and write are sequential), e.g. randread-4k,write-32k.
+    #[arg(long, default_value = "randread-4k")]
+    pub workloads: String,
+    /// Job counts, comma-separated. Each job is a client thread with its own slice of the disk;
+    /// in mq and per-queue mappings each job has its own virtqueue.
+    #[arg(long, default_value = "1,2")]
+    pub jobs: String,
+    /// Requests in flight per job, comma-separated.
+    #[arg(long, default_value = "32")]
+    pub iodepth: String,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 5.0)]
+    pub runtime: f64,
+    /// Runs of each point (interleaved).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Output directory for results.json, report.md, iops.png and the backends' logs.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Extra export keys for mqblk, e.g. poll=off,merge=off. Repeat the option to compare
+    /// variants in one run (an empty value is the defaults). `bin=PATH` among them runs that
+    /// variant with another mqblk executable (compare two builds in one run); `stats-dir=DIR`
+    /// puts its stats file in DIR instead of the run's temporary directory (on /dev/shm where
+    /// there is one), e.g. on the image's filesystem to see what rewriting a file there every
+    /// 100 ms costs (docs/PERFORMANCE.md 1a).
+    #[arg(long = "mqblk-opts", value_name = "KEYS")]
+    pub mqblk_opts: Vec<String>,
+    /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on
+    /// interrupts (eventfds).
+    #[arg(long)]
+    pub client_poll: bool,
+    /// Run QSD's export in a dedicated IOThread (`--object iothread` + `iothread=`) instead of
+    /// its main loop. Either way one thread serves all of the export's queues: QSD's
+    /// vhost-user-blk export takes a single iothread.
+    #[arg(long)]
+    pub qsd_iothread: bool,
+    /// qemu-storage-daemon binary.
+    #[arg(long, default_value = "qemu-storage-daemon", value_name = "BIN")]
+    pub qsd_bin: PathBuf,
+    /// fio binary (for --backend native).
+    #[arg(long, default_value = "fio", value_name = "BIN")]
+    pub fio_bin: PathBuf,
+    /// mqblk binary to serve with (default: this executable).
+    #[arg(long, value_name = "BIN")]
+    pub mqblk_bin: Option<PathBuf>,
+}
+
+/// Storage engine of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// Completes at once; reads give zeros.
+    Null,
+    /// io_uring on a raw file with O_DIRECT.
+    Uring,
+    /// A Ceph RBD image through librbd.
+    Rbd,
+}
+
+impl EngineKind {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Null => "null",
+            EngineKind::Uring => "uring",
+            EngineKind::Rbd => "rbd",
+        }
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "null" => Ok(EngineKind::Null),
+            "uring" => Ok(EngineKind::Uring),
+            "rbd" => Ok(EngineKind::Rbd),
+            _ => Err(format!("unknown engine {s:?}: use null, uring or rbd")),
+        }
+    }
+}
+
+/// Splits a comma-separated list, trims, drops empty items and duplicates (keeping the first).
+pub fn parse_list<T: FromStr<Err = String> + PartialEq>(
+    what: &str,
+    s: &str,
+) -> Result<Vec<T>, String> {
+    let mut out: Vec<T> = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let v = item.parse::<T>().map_err(|e| format!("--{what}: {e}"))?;
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("--{what}: the list is empty"));
+    }
+    Ok(out)
+}
+
+/// A comma-separated list of counts within `1..=max`.
+pub fn parse_counts(what: &str, s: &str, max: usize) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let n: usize = item
+            .parse()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| format!("--{what}: {item:?} is not a count from 1 to {max}"))?;
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("--{what}: the list is empty"));
+    }
+    Ok(out)
+}
+
+/// Validated settings of a bench run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchOptions {
+    /// Backends to run.
+    pub backends: Vec<Backend>,
+    /// mqblk mappings to run.
+    pub modes: Vec<Mode>,
+    /// Storage engine.
+    pub engine: EngineKind,
+    /// Image file (uring engine).
+    pub path: Option<PathBuf>,
+    /// The RBD image (rbd engine).
+    pub rbd: Option<rbd::RbdTarget>,
+    /// Disk size in bytes (null engine, or a new image).
+    pub size: u64,
+    /// Workloads.
+    pub workloads: Vec<WorkloadSpec>,
+    /// Job counts.
+    pub jobs: Vec<usize>,
+    /// Queue depths.
+    pub iodepths: Vec<usize>,
+    /// Time per point.
+    #[serde(serialize_with = "ser_secs")]
+    pub runtime: Duration,
+    /// Repeats of every point.
+    pub repeat: usize,
+    /// Output directory.
+    pub out: PathBuf,
+    /// mqblk export-key variants (at least one; "" is the defaults).
+    pub mqblk_opts: Vec<String>,
+    /// Client poll queues.
+    pub client_poll: bool,
+    /// QSD export in an IOThread.
+    pub qsd_iothread: bool,
+    /// qemu-storage-daemon binary.
+    pub qsd_bin: PathBuf,
+    /// fio binary.
+    pub fio_bin: PathBuf,
+    /// mqblk binary.
+    pub mqblk_bin: PathBuf,
+}
+
+fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// Export keys the bench sets itself: `--mqblk-opts` may not override them.
+const RESERVED_KEYS: [&str; 8] = [
+    "socket", "path", "engine", "size", "queues", "threads", "pool", "image",
+];
+
+impl BenchOptions {
+    /// Validates the command line.
+    pub fn from_args(a: &BenchArgs) -> Result<BenchOptions, String> {
+        let backends: Vec<Backend> = parse_list("backend", &a.backend)?;
+        let modes: Vec<Mode> = parse_list("mode", &a.mode)?;
+        let engine: EngineKind = a.engine.parse().map_err(|e| format!("--engine: {e}"))?;
+        let workloads: Vec<WorkloadSpec> = parse_list("workloads", &a.workloads)?;
+        let jobs = parse_counts("jobs", &a.jobs, 64)?;
+        let iodepths = parse_counts("iodepth", &a.iodepth, 1024)?;
+        let size = mqblk::config::parse_size(&a.size)
+            .filter(|s| *s >= 1 << 20 && s % 4096 == 0)
+            .ok_or_else(|| format!("--size {}: a multiple of 4K, at least 1M, e.g. 1G", a.size))?;
+        if !(a.runtime > 0.0 && a.runtime <= 3600.0) {
+            return Err(format!(
+                "--runtime {}: more than 0, at most 3600 s",
+                a.runtime
+            ));
+        }
+        if !(1..=1000).contains(&a.repeat) {
+            return Err(format!("--repeat {}: 1 to 1000", a.repeat));
+        }
+        if engine != EngineKind::Uring && backends.contains(&Backend::Native) {
+            return Err("--backend native runs fio on a file: it needs --engine uring".into());
+        }
+        if engine != EngineKind::Uring && a.path.is_some() {
+            return Err("--path is for --engine uring".into());
+        }
+        let rbd = match (engine, &a.rbd) {
+            (EngineKind::Rbd, Some(spec)) => Some(rbd::RbdTarget::parse(
+                spec,
+                a.ceph_conf.clone(),
+                a.ceph_keyring.clone(),
+                &a.ceph_user,
+            )?),
+            (EngineKind::Rbd, None) => {
+                return Err(
+                    "--engine rbd needs --rbd POOL/IMAGE (and --ceph-conf PATH unless \
+                            /etc/ceph/ceph.conf names the cluster)"
+                        .into(),
+                )
+            }
+            (_, Some(_)) => return Err("--rbd is for --engine rbd".into()),
+            (_, None) => None,
+        };
+        if !backends.contains(&Backend::Qsd) && a.qsd_iothread {
+            return Err("--qsd-iothread without --backend qsd".into());
+        }
+        if !backends.contains(&Backend::Mqblk) && !a.mqblk_opts.is_empty() {
+            return Err("--mqblk-opts without --backend mqblk".into());
+        }
+        let mut mqblk_opts: Vec<String> = Vec::new();
+        for o in &a.mqblk_opts {
+            let o = o.trim().trim_matches(',').to_string();
+            for kv in o.split(',').filter(|k| !k.is_empty()) {
+                let key = kv.split('=').next().unwrap_or("");
+                if RESERVED_KEYS.contains(&key) {
+                    return Err(format!(
+                        "--mqblk-opts {o}: {key}= is set by the bench (see --engine, --path, \
+                         --size, --mode)"
+                    ));
+                }
+                if let Some(dir) = kv.strip_prefix("stats-dir=") {
+                    if !Path::new(dir).is_dir() {
+                        return Err(format!(
+                            "--mqblk-opts {o}: stats-dir={dir} is not a directory"
+                        ));
+                    }
+                }
+            }
+            if !mqblk_opts.contains(&o) {
+                mqblk_opts.push(o);
+            }
+        }
+        if mqblk_opts.is_empty() {
+            mqblk_opts.push(String::new());
+        }
+        let mqblk_bin = match &a.mqblk_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| format!("cannot find the mqblk executable: {e}"))?,
+        };
+        Ok(BenchOptions {
+            backends,
+            modes,
+            engine,
+            path: a.path.clone(),
+            rbd,
+            size,
+            workloads,
+            jobs,
+            iodepths,
+            runtime: Duration::from_secs_f64(a.runtime),
+            repeat: a.repeat,
+            out: a.out.clone(),
+            mqblk_opts,
+            client_poll: a.client_poll,
+            qsd_iothread: a.qsd_iothread,
+            qsd_bin: a.qsd_bin.clone(),
+            fio_bin: a.fio_bin.clone(),
+            mqblk_bin,
+        })
+    }
+}
+
+/// The options of `mqblk bench ARGS` (words split at whitespace; `--opt=` for an empty value),
+/// for tests.
+#[cfg(test)]
+pub(crate) fn test_options(args: &str) -> Result<BenchOptions, String> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+    let cli = Cli::try_parse_from(std::iter::once("bench").chain(args.split_whitespace()))
+        .map_err(|e| e.to_string())?;
+    BenchOptions::from_args(&cli.a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_trim_and_dedupe() {
+        let b: Vec<Backend> = parse_list("backend", "mqblk, qsd,mqblk,").unwrap();
+        assert_eq!(b, vec![Backend::Mqblk, Backend::Qsd]);
+        let m: Vec<Mode> = parse_list("mode", "per-queue,baseline").unwrap();
+        assert_eq!(m, vec![Mode::PerQueue, Mode::Baseline]);
+        assert!(parse_list::<Mode>("mode", "bogus")
+            .unwrap_err()
+            .contains("bogus"));
+        assert!(parse_list::<Mode>("mode", " , ")
+            .unwrap_err()
+            .contains("empty"));
+        assert_eq!(parse_counts("jobs", "1,2,4,2", 64).unwrap(), vec![1, 2, 4]);
+        assert!(parse_counts("jobs", "0", 64).is_err());
+        assert!(parse_counts("jobs", "65", 64).is_err());
+        assert!(parse_counts("jobs", "x", 64).is_err());
+    }
+
+    #[test]
+    fn options_validate() {
+        let o = test_options("").unwrap();
+        assert_eq!(o.backends, vec![Backend::Mqblk]);
+        assert_eq!(o.modes, vec![Mode::Baseline, Mode::Mq, Mode::PerQueue]);
+        assert_eq!(o.mqblk_opts, vec![String::new()]);
+        assert_eq!(o.size, 1 << 30);
+        let e = test_options("--backend native").unwrap_err();
+        assert!(e.contains("--engine uring"), "{e}");
+        let e = test_options("--mqblk-opts queues=4").unwrap_err();
+        assert!(e.contains("queues="), "{e}");
+        let e = test_options("--runtime 0").unwrap_err();
+        assert!(e.contains("--runtime"), "{e}");
+        let o = test_options(
+            "--mqblk-opts poll=off, --mqblk-opts= --engine uring --backend native,mqblk",
+        )
+        .unwrap();
+        assert_eq!(o.mqblk_opts, vec!["poll=off".to_string(), String::new()]);
+        assert_eq!(o.engine, EngineKind::Uring);
+        let e = test_options("--engine rbd").unwrap_err();
+        assert!(e.contains("--rbd POOL/IMAGE"), "{e}");
+        let e = test_options("--rbd rbd/x").unwrap_err();
+        assert!(e.contains("--engine rbd"), "{e}");
+        let o = test_options("--engine rbd --rbd rbd/bench --ceph-conf /c --backend mqblk,qsd")
+            .unwrap();
+        assert_eq!(
+            o.rbd.as_ref().map(|r| r.spec()).as_deref(),
+            Some("rbd/bench")
+        );
+    }
+}

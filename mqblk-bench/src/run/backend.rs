@@ -1,0 +1,184 @@
+//! Starting and stopping a backend: `mqblk serve`'s and qemu-storage-daemon's command lines
+//! for a point, waiting for the socket, SIGTERM and a deadline to stop.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure};
+
+use super::{RunEnv, BENCH_KEYS};
+use crate::{EngineKind, PointConfig};
+
+/// How long a backend may take to start listening, and to exit after SIGTERM.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl RunEnv<'_> {
+    pub(super) fn mqblk_command(&self, p: &PointConfig, sock: &Path, stats: &Path) -> Command {
+        let o = self.opts;
+        let mode = p.mode.expect("mqblk points have a mode");
+        let mut spec = format!(
+            "socket={},queues={},threads={}",
+            sock.display(),
+            p.queues(),
+            mode.threads()
+        );
+        match (&self.image, o.engine, &o.rbd) {
+            (Some(img), EngineKind::Uring, _) => {
+                spec.push_str(&format!(",engine=uring,path={},direct=on", img.display()))
+            }
+            (_, EngineKind::Rbd, Some(rbd)) => {
+                // A variant's own value of one of these keys (direct=off, conf=...) wins.
+                let variant = &o.mqblk_opts[p.variant];
+                for kv in rbd.mqblk_keys().split(',') {
+                    let key = kv.split('=').next().unwrap_or_default();
+                    if !variant
+                        .split(',')
+                        .any(|v| v.starts_with(&format!("{key}=")))
+                    {
+                        spec.push(',');
+                        spec.push_str(kv);
+                    }
+                }
+            }
+            _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
+        }
+        // `bin=PATH` picks the mqblk executable for this variant (A/B of two builds in one
+        // run), `stats-dir=` where its stats file goes (see `run_point`); every other key goes
+        // to the export.
+        for kv in o.mqblk_opts[p.variant].split(',').filter(|k| !k.is_empty()) {
+            if !BENCH_KEYS.iter().any(|k| kv.starts_with(&format!("{k}="))) {
+                spec.push(',');
+                spec.push_str(kv);
+            }
+        }
+        let bin = self
+            .variant_value(p, "bin")
+            .map_or_else(|| o.mqblk_bin.clone(), PathBuf::from);
+        let mut cmd = Command::new(&bin);
+        cmd.arg("serve")
+            .arg("--export")
+            .arg(spec)
+            .arg("--stats-file")
+            .arg(stats)
+            .arg("--log-level")
+            .arg("warn");
+        cmd
+    }
+
+    /// The value of the bench's own key `key` (one of [`BENCH_KEYS`]) in the point's
+    /// `--mqblk-opts` variant, if it has one.
+    pub(super) fn variant_value(&self, p: &PointConfig, key: &str) -> Option<&str> {
+        self.opts.mqblk_opts[p.variant]
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+    }
+
+    pub(super) fn qsd_command(&self, p: &PointConfig, sock: &Path) -> Command {
+        let o = self.opts;
+        // QEMU option syntax: a comma inside a value is written as two.
+        let esc = |p: &Path| p.display().to_string().replace(',', ",,");
+        let blockdev = match (&self.image, o.engine) {
+            (_, EngineKind::Rbd) => o
+                .rbd
+                .as_ref()
+                .expect("checked: --engine rbd has --rbd")
+                .qsd_blockdev(),
+            (Some(img), EngineKind::Uring) => {
+                use std::os::unix::fs::FileTypeExt;
+                // QEMU's file driver refuses block devices: they take host_device.
+                let dev = std::fs::metadata(img)
+                    .map(|m| m.file_type().is_block_device())
+                    .unwrap_or(false);
+                format!(
+                    "driver={},node-name=n0,filename={},cache.direct=on,aio=io_uring",
+                    if dev { "host_device" } else { "file" },
+                    esc(img)
+                )
+            }
+            _ => format!(
+                "driver=null-co,node-name=n0,size={},read-zeroes=on",
+                self.size
+            ),
+        };
+        let mut export = format!(
+            "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable=on,num-queues={}",
+            esc(sock),
+            p.queues()
+        );
+        let mut cmd = Command::new(&o.qsd_bin);
+        if o.qsd_iothread {
+            cmd.arg("--object").arg("iothread,id=iot0");
+            export.push_str(",iothread=iot0");
+        }
+        cmd.arg("--blockdev")
+            .arg(blockdev)
+            .arg("--export")
+            .arg(export);
+        cmd
+    }
+}
+
+/// A backend process that is killed if not stopped (on an error path).
+pub(super) struct BackendProcess {
+    pub(super) child: Child,
+    pub(super) name: &'static str,
+    pub(super) stopped: bool,
+}
+
+impl BackendProcess {
+    /// SIGTERM, then wait (SIGKILL after [`STOP_TIMEOUT`]).
+    pub(super) fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.stopped = true;
+        // SAFETY: kill(2) on our own child's pid, which is not reaped yet (so not reused).
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!(
+                    "{} did not exit within {STOP_TIMEOUT:?} of SIGTERM",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for BackendProcess {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until something accepts connections on `sock` (the probe connection is closed at
+/// once), or the child exits, or [`START_TIMEOUT`].
+pub(super) fn wait_for_socket(sock: &Path, child: &mut Child) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            bail!("it exited with {st}");
+        }
+        if UnixStream::connect(sock).is_ok() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no listener on {} after {START_TIMEOUT:?}",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
