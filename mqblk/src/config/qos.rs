@@ -1,7 +1,7 @@
 //! An export's QoS settings: QEMU's throttling limits (`iops-total`, `bps-read-max`, ...),
 //! `iops-size` and the throttle group, with QEMU's rules for which combinations make sense.
 //!
-//! Each limit is a leaky bucket (`io::policy::qos` has the arithmetic): `rate` units per
+//! Each limit is a leaky bucket (`io::qos::buckets` has the arithmetic): `rate` units per
 //! second on average, and optionally bursts at up to `max` per second for `max_length`
 //! seconds. A rate of 0 means no limit.
 

@@ -1,4 +1,4 @@
-//! QoS admission: QEMU's throttling semantics (its `util/throttle.c`), as a pure type on a
+//! The QoS buckets: QEMU's throttling semantics (its `util/throttle.c`), as a pure type on a
 //! clock the caller passes in.
 //!
 //! Each of the six limits (iops and bytes; total, read, write) is a leaky bucket. A request

@@ -7,7 +7,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::policy::qos::{Buckets, Dir};
+use super::buckets::{Buckets, Dir};
 use crate::config::QosConfig;
 
 /// Shared QoS state: the limits and their buckets.
