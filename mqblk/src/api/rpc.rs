@@ -60,9 +60,17 @@ enum RpcError {
     /// A request whose method is missing or not a string.
     #[error("\"method\" must be a string")]
     NoMethod,
-    /// A peer that may not manage the daemon (the message says why).
-    #[error("{0}")]
-    PeerRefused(String),
+    /// A peer whose credentials (SO_PEERCRED) cannot be read.
+    #[error("cannot read the peer's credentials: {0}")]
+    PeerUnknown(rustix::io::Errno),
+    /// A peer that is neither root nor the daemon's user.
+    #[error("uid {uid} may not manage this daemon (only root and uid {me})")]
+    PeerNotAllowed {
+        /// The peer's uid.
+        uid: u32,
+        /// The daemon's.
+        me: u32,
+    },
     /// A client beyond [`MAX_CLIENTS`].
     #[error("more than {MAX_CLIENTS} management clients at once")]
     TooManyClients,
@@ -84,7 +92,8 @@ impl RpcError {
             | RpcError::NotAnObject
             | RpcError::NotVersion2
             | RpcError::NoMethod
-            | RpcError::PeerRefused(_)
+            | RpcError::PeerUnknown(_)
+            | RpcError::PeerNotAllowed { .. }
             | RpcError::TooManyClients => -32600,
             RpcError::NoSuchMethod(_) => -32601,
             RpcError::Control(e) => e.code(),
@@ -152,12 +161,9 @@ fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<Atom
             std::thread::sleep(std::time::Duration::from_millis(20));
             continue;
         };
-        if let Err(why) = check_peer(&stream) {
-            tracing::warn!(why, "management API connection refused");
-            let _ = reply_line(
-                &stream,
-                &error_reply(Value::Null, RpcError::PeerRefused(why)),
-            );
+        if let Err(e) = check_peer(&stream) {
+            tracing::warn!(why = %e, "management API connection refused");
+            let _ = reply_line(&stream, &error_reply(Value::Null, e));
             continue;
         }
         if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
@@ -179,14 +185,11 @@ fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<Atom
 }
 
 /// Root and the daemon's own user may manage it; nobody else.
-fn check_peer(stream: &UnixStream) -> Result<(), String> {
-    let cred = rustix::net::sockopt::socket_peercred(stream)
-        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+fn check_peer(stream: &UnixStream) -> Result<(), RpcError> {
+    let cred = rustix::net::sockopt::socket_peercred(stream).map_err(RpcError::PeerUnknown)?;
     let (uid, me) = (cred.uid.as_raw(), rustix::process::geteuid().as_raw());
     if uid != 0 && uid != me {
-        return Err(format!(
-            "uid {uid} may not manage this daemon (only root and uid {me})"
-        ));
+        return Err(RpcError::PeerNotAllowed { uid, me });
     }
     Ok(())
 }
