@@ -12,8 +12,9 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mqblk::config::{parse_export_spec, QosConfig};
-use mqblk::daemon::Export;
+use mqblk::api::Control;
+use mqblk::config::{parse_export_spec, ExportConfig, QosConfig};
+use mqblk::daemon::{Export, Exports};
 use mqblk_client::{self as client, Pattern, Report, Workload};
 use support::daemon::{Daemon, Export as Spec, TestDir};
 
@@ -47,11 +48,16 @@ fn null_spec(dir: &TestDir, name: &str, queues: usize) -> Spec {
     Spec::null(dir.join(&format!("{name}.sock")), 64 << 20).queues(queues)
 }
 
-/// An in-process null export on `dir/name.sock` with further keys `opts`.
-fn null_export(dir: &TestDir, name: &str, opts: &str) -> Export {
+/// A null export on `dir/name.sock` with further keys `opts`.
+fn null_config(dir: &TestDir, name: &str, opts: &str) -> ExportConfig {
     let sock = dir.join(&format!("{name}.sock"));
     let spec = format!("socket={},engine=null,size=64M,{opts}", sock.display());
-    Export::start(parse_export_spec(&spec).unwrap()).unwrap()
+    parse_export_spec(&spec).unwrap()
+}
+
+/// An in-process null export on `dir/name.sock` with further keys `opts`.
+fn null_export(dir: &TestDir, name: &str, opts: &str) -> Export {
+    Export::start(null_config(dir, name, opts)).unwrap()
 }
 
 /// Requests the export has completed.
@@ -237,17 +243,16 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
 fn a_throttle_group_shares_one_budget() {
     let _serial = serial();
     let dir = TestDir::new();
-    let a = null_export(&dir, "ga", "iops-total=2000,group=shared-2000");
+    // The groups are the export registry's, as in `mqblk serve`.
+    let exports = Exports::default();
+    let start = |name: &str, opts: &str| exports.start(null_config(&dir, name, opts));
+    let qos = |id: &str| exports.get(id).unwrap().0.qos.unwrap();
+    start("ga", "iops-total=2000,group=shared-2000").unwrap();
     // Only the group: its limits are the group's.
-    let b = null_export(&dir, "gb", "group=shared-2000");
-    assert_eq!(b.qos().iops_total.rate, 2000);
+    start("gb", "group=shared-2000").unwrap();
+    assert_eq!(qos("gb").iops_total.rate, 2000);
     // A member with other limits is refused, naming the key.
-    let sock = dir.join("gc.sock");
-    let spec = format!(
-        "socket={},engine=null,size=64M,iops-total=10,group=shared-2000",
-        sock.display()
-    );
-    let err = Export::start(parse_export_spec(&spec).unwrap())
+    let err = start("gc", "iops-total=10,group=shared-2000")
         .err()
         .unwrap()
         .to_string();
@@ -274,13 +279,12 @@ fn a_throttle_group_shares_one_budget() {
     let mut q = QosConfig::default();
     q.iops_total.rate = 3000;
     q.group = Some("shared-2000".into());
-    b.set_qos(q).unwrap();
-    assert_eq!(a.qos().iops_total.rate, 3000);
-    b.set_qos(QosConfig::default()).unwrap();
-    assert_eq!((b.qos().group, b.qos().is_limited()), (None, false));
-    assert_eq!(a.qos().iops_total.rate, 3000);
-    a.shutdown();
-    b.shutdown();
+    exports.set_qos("gb", q).unwrap();
+    assert_eq!(qos("ga").iops_total.rate, 3000);
+    exports.set_qos("gb", QosConfig::default()).unwrap();
+    assert_eq!((qos("gb").group, qos("gb").is_limited()), (None, false));
+    assert_eq!(qos("ga").iops_total.rate, 3000);
+    exports.stop_all();
 }
 
 #[test]

@@ -68,4 +68,113 @@ mod layering {
             }
         }
     }
+
+    /// A file's module path below `src` (`io/qos/mod.rs`: `io::qos`).
+    fn module_of(src: &std::path::Path, file: &std::path::Path) -> Vec<String> {
+        let rel = file.strip_prefix(src).unwrap().with_extension("");
+        let mut path: Vec<String> = rel
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        if path.last().is_some_and(|l| l == "mod" || l == "lib") {
+            path.pop();
+        }
+        path
+    }
+
+    /// The modules that the file of module `me` names through `crate::` and `super::` paths
+    /// (each path's longest prefix that is a module; in a `{...}` group, each item's).
+    fn modules_used(
+        me: &[String],
+        text: &str,
+        modules: &[Vec<String>],
+    ) -> std::collections::BTreeSet<Vec<String>> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let longest = |path: Vec<String>| {
+            (1..=path.len())
+                .rev()
+                .map(|n| path[..n].to_vec())
+                .find(|p| modules.contains(p))
+        };
+        let mut used = std::collections::BTreeSet::new();
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (at, _) in code
+            .match_indices("crate::")
+            .chain(code.match_indices("super::"))
+        {
+            if code[..at].ends_with(ident) || code[..at].ends_with("::") {
+                continue;
+            }
+            let mut path: Vec<String> = me.to_vec();
+            let mut rest = &code[at..];
+            if let Some(r) = rest.strip_prefix("crate::") {
+                path.clear();
+                rest = r;
+            }
+            while let Some(r) = rest.strip_prefix("super::") {
+                path.pop();
+                rest = r;
+            }
+            loop {
+                let end = rest.find(|c: char| !ident(c)).unwrap_or(rest.len());
+                if end == 0 {
+                    break;
+                }
+                path.push(rest[..end].to_string());
+                match rest[end..].strip_prefix("::") {
+                    Some(r) => rest = r,
+                    None => break,
+                }
+            }
+            let group = rest.strip_prefix('{').and_then(|r| r.split_once('}'));
+            for item in group.map_or("", |(items, _)| items).split(',') {
+                let first = item.trim().split("::").next().unwrap_or("");
+                let mut p = path.clone();
+                p.push(first.to_string());
+                used.extend(longest(p));
+            }
+            used.extend(longest(path));
+        }
+        used.remove(me);
+        used
+    }
+
+    /// No two modules use each other, except a module and its own submodules: a reader can
+    /// start from either end of every dependency.
+    #[test]
+    fn no_two_modules_use_each_other() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let modules: Vec<Vec<String>> = files.iter().map(|f| module_of(&src, f)).collect();
+        let uses: Vec<_> = files
+            .iter()
+            .zip(&modules)
+            .map(|(f, m)| modules_used(m, &std::fs::read_to_string(f).unwrap(), &modules))
+            .collect();
+        assert!(
+            uses[modules
+                .iter()
+                .position(|m| m == &["io", "qos", "admit"])
+                .unwrap()]
+            .contains(&vec!["io".to_string(), "thread".to_string()]),
+            "the check sees crate:: paths"
+        );
+        for (a, used) in modules.iter().zip(&uses) {
+            for b in used {
+                let nested = a.starts_with(b) || b.starts_with(a);
+                let back = uses[modules.iter().position(|m| m == b).unwrap()].contains(a);
+                assert!(
+                    nested || !back,
+                    "{} and {} use each other",
+                    a.join("::"),
+                    b.join("::")
+                );
+            }
+        }
+    }
 }

@@ -3,8 +3,9 @@
 //!
 //! Nothing is counted here: each scrape takes the exports' status (the I/O threads' own
 //! counters, summed when read) through the function the daemon hands over, and writes it out.
-//! The HTTP server is `tiny_http`, answered by one thread; the text is written with
-//! `prometheus-client`'s encoders.
+//! A metric that shows an I/O thread counter takes its help from the counter's description
+//! (`IoCounters::HELP`). The HTTP server is `tiny_http`, answered by one thread; the text is
+//! written with `prometheus-client`'s encoders.
 
 use std::fmt;
 use std::io;
@@ -207,29 +208,30 @@ impl Collector for Snapshot {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
         let enc = &mut enc;
         let exports = &self.0;
+        // The counters' help is their own description, defined with them.
+        let help = &IoCounters::HELP;
         counter(
             enc,
             "mqblk_requests_total",
-            "Requests answered, by export and request type (op), whatever their status.",
+            help.op_requests,
             self.per_type(|c, t| c.op_requests[t]),
         )?;
         counter(
             enc,
             "mqblk_request_bytes_total",
-            "Bytes read, written, discarded or zeroed by requests answered OK.",
+            help.op_bytes,
             self.per_type(|c, t| c.op_bytes[t]),
         )?;
         counter(
             enc,
             "mqblk_request_errors_total",
-            "Requests answered with an error status (IOERR or UNSUPP), malformed ones included.",
+            help.op_errors,
             self.per_type(|c, t| c.op_errors[t]),
         )?;
         {
             let mut m = enc.encode_descriptor(
                 "mqblk_request_latency_seconds",
-                "Time from the I/O thread's loop iteration that took a request off its \
-                 virtqueue to the one that answered it.",
+                help.op_latency,
                 None,
                 MetricType::Histogram,
             )?;
@@ -261,8 +263,7 @@ impl Collector for Snapshot {
         counter(
             enc,
             "mqblk_in_flight_request_seconds_total",
-            "Requests in flight at the engine integrated over time: its rate is the mean \
-             number in flight.",
+            help.engine_in_flight_ns,
             exports
                 .iter()
                 .map(|e| (export(e), e.counters.engine_in_flight_ns as f64 * 1e-9)),
@@ -290,7 +291,7 @@ impl Collector for Snapshot {
         counter(
             enc,
             "mqblk_throttled_seconds_total",
-            "Time requests waited for QoS admission.",
+            help.throttled_ns,
             exports
                 .iter()
                 .map(|e| (export(e), e.counters.throttled_ns as f64 * 1e-9)),
@@ -306,14 +307,13 @@ impl Collector for Snapshot {
         counter(
             enc,
             "mqblk_dirty_pages_total",
-            "Guest pages marked in the frontend's dirty log while it live-migrates the VM.",
+            help.dirty_pages,
             exports.iter().map(|e| (export(e), e.counters.dirty_pages)),
         )?;
         counter(
             enc,
             "mqblk_dirty_log_misses_total",
-            "Pages written beyond the frontend's dirty log (a log too small for guest memory): \
-             the migration may not copy them.",
+            help.dirty_log_misses,
             exports
                 .iter()
                 .map(|e| (export(e), e.counters.dirty_log_misses)),
@@ -321,26 +321,28 @@ impl Collector for Snapshot {
         counter(
             enc,
             "mqblk_thread_submits_total",
-            "io_uring_enter calls that handed I/O to the engine; \
-             mqblk_thread_submitted_requests_total over this is the requests per submit.",
+            help.submits,
             self.per_thread(|c| c.submits),
         )?;
         counter(
             enc,
             "mqblk_thread_submitted_requests_total",
-            "Requests handed to the engine.",
+            help.submitted,
             self.per_thread(|c| c.submitted),
         )?;
         counter(
             enc,
             "mqblk_thread_enters_total",
-            "io_uring_enter calls of any kind (submissions, waits, notifications).",
+            help.enters,
             self.per_thread(|c| c.enters),
         )?;
         {
             let mut m = enc.encode_descriptor(
                 "mqblk_thread_polls_total",
-                "Busy-poll windows that found work (result=hit) or expired (result=miss).",
+                &format!(
+                    "result=hit: {} result=miss: {}",
+                    help.poll_hits, help.poll_misses
+                ),
                 None,
                 MetricType::Counter,
             )?;
@@ -361,19 +363,19 @@ impl Collector for Snapshot {
         counter(
             enc,
             "mqblk_thread_notifications_total",
-            "Notifications sent to the guest (used-buffer interrupts).",
+            help.notifies,
             self.per_thread(|c| c.notifies),
         )?;
         counter(
             enc,
             "mqblk_thread_kicks_total",
-            "Notifications received from the guest (kicks).",
+            help.kicks,
             self.per_thread(|c| c.kicks),
         )?;
         counter(
             enc,
             "mqblk_thread_sleeps_total",
-            "Times the I/O thread slept in the kernel waiting for work.",
+            help.sleeps,
             self.per_thread(|c| c.sleeps),
         )
     }
@@ -432,7 +434,13 @@ mod tests {
             text.contains("# TYPE mqblk_requests_total counter\n"),
             "{text}"
         );
-        assert!(text.contains("# HELP mqblk_requests_total "), "{text}");
+        // A counter's metric has the counter's description for its help.
+        let help = IoCounters::HELP.op_requests;
+        assert!(help.starts_with("Requests answered"), "{help}");
+        assert!(
+            text.contains(&format!("# HELP mqblk_requests_total {help}\n")),
+            "{text}"
+        );
         assert!(
             !text.contains("_total_total") && !text.contains("# EOF"),
             "{text}"

@@ -29,20 +29,77 @@ use std::thread::JoinHandle;
 use serde_json::{json, Map, Value};
 
 use super::control::{Control, ControlError, RemoveMode};
-use crate::config::{keys, parse_size, qos_from_pairs, ExportConfig, QosConfig};
+use crate::config::{
+    config_toml, keys, parse_size, qos_from_pairs, write_atomically, ExportConfig, QosConfig,
+};
 
 /// Longest request line accepted; a longer one is answered with a parse error and skipped.
 pub const MAX_REQUEST: usize = 64 * 1024;
 /// Most clients served at once; more are told no.
 pub const MAX_CLIENTS: usize = 64;
 
-/// JSON-RPC's own error codes.
-const PARSE_ERROR: i64 = -32700;
-const INVALID_REQUEST: i64 = -32600;
-const METHOD_NOT_FOUND: i64 = -32601;
+/// Why a line got an error reply instead of a result. Each message is the reply's `message`;
+/// [`RpcError::code`] its `code`.
+#[derive(Debug, thiserror::Error)]
+enum RpcError {
+    /// The line is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// The line is longer than [`MAX_REQUEST`].
+    #[error("request longer than {MAX_REQUEST} bytes")]
+    TooLong,
+    /// A batch without requests.
+    #[error("an empty batch")]
+    EmptyBatch,
+    /// A request that is not a JSON object.
+    #[error("a request must be a JSON object")]
+    NotAnObject,
+    /// A request without `"jsonrpc": "2.0"`.
+    #[error("\"jsonrpc\" must be \"2.0\"")]
+    NotVersion2,
+    /// A request whose method is missing or not a string.
+    #[error("\"method\" must be a string")]
+    NoMethod,
+    /// A peer whose credentials (SO_PEERCRED) cannot be read.
+    #[error("cannot read the peer's credentials: {0}")]
+    PeerUnknown(rustix::io::Errno),
+    /// A peer that is neither root nor the daemon's user.
+    #[error("uid {uid} may not manage this daemon (only root and uid {me})")]
+    PeerNotAllowed {
+        /// The peer's uid.
+        uid: u32,
+        /// The daemon's.
+        me: u32,
+    },
+    /// A client beyond [`MAX_CLIENTS`].
+    #[error("more than {MAX_CLIENTS} management clients at once")]
+    TooManyClients,
+    /// A method the API does not have.
+    #[error("no method '{0}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, export_set_qos, save_config, version, shutdown)")]
+    NoSuchMethod(String),
+    /// A parameter refused, or what the daemon answered.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+}
 
-/// A JSON-RPC error: code and message.
-type RpcError = (i64, String);
+impl RpcError {
+    /// The JSON-RPC error code: the protocol's own for a line that is not a request (-32700,
+    /// -32600) or names no method (-32601), the daemon's ([`ControlError::code`]) otherwise.
+    fn code(&self) -> i64 {
+        match self {
+            RpcError::NotJson(_) | RpcError::TooLong => -32700,
+            RpcError::EmptyBatch
+            | RpcError::NotAnObject
+            | RpcError::NotVersion2
+            | RpcError::NoMethod
+            | RpcError::PeerUnknown(_)
+            | RpcError::PeerNotAllowed { .. }
+            | RpcError::TooManyClients => -32600,
+            RpcError::NoSuchMethod(_) => -32601,
+            RpcError::Control(e) => e.code(),
+        }
+    }
+}
 
 /// The running API server.
 pub struct ApiServer {
@@ -104,15 +161,14 @@ fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<Atom
             std::thread::sleep(std::time::Duration::from_millis(20));
             continue;
         };
-        if let Err(why) = check_peer(&stream) {
-            tracing::warn!(why, "management API connection refused");
-            let _ = reply_line(&stream, &error_reply(Value::Null, (INVALID_REQUEST, why)));
+        if let Err(e) = check_peer(&stream) {
+            tracing::warn!(why = %e, "management API connection refused");
+            let _ = reply_line(&stream, &error_reply(Value::Null, e));
             continue;
         }
         if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
             clients.fetch_sub(1, Ordering::SeqCst);
-            let why = format!("more than {MAX_CLIENTS} management clients at once");
-            let _ = reply_line(&stream, &error_reply(Value::Null, (INVALID_REQUEST, why)));
+            let _ = reply_line(&stream, &error_reply(Value::Null, RpcError::TooManyClients));
             continue;
         }
         let (control, clients2) = (control.clone(), clients.clone());
@@ -129,14 +185,11 @@ fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<Atom
 }
 
 /// Root and the daemon's own user may manage it; nobody else.
-fn check_peer(stream: &UnixStream) -> Result<(), String> {
-    let cred = rustix::net::sockopt::socket_peercred(stream)
-        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+fn check_peer(stream: &UnixStream) -> Result<(), RpcError> {
+    let cred = rustix::net::sockopt::socket_peercred(stream).map_err(RpcError::PeerUnknown)?;
     let (uid, me) = (cred.uid.as_raw(), rustix::process::geteuid().as_raw());
     if uid != 0 && uid != me {
-        return Err(format!(
-            "uid {uid} may not manage this daemon (only root and uid {me})"
-        ));
+        return Err(RpcError::PeerNotAllowed { uid, me });
     }
     Ok(())
 }
@@ -157,11 +210,7 @@ fn serve_client(stream: UnixStream, control: &dyn Control) {
         let line = match read_line(&mut reader) {
             Ok(Some(Line::Text(l))) => l,
             Ok(Some(Line::TooLong)) => {
-                let e = (
-                    PARSE_ERROR,
-                    format!("request longer than {MAX_REQUEST} bytes"),
-                );
-                if reply_line(&stream, &error_reply(Value::Null, e)).is_err() {
+                if reply_line(&stream, &error_reply(Value::Null, RpcError::TooLong)).is_err() {
                     return;
                 }
                 continue;
@@ -220,26 +269,20 @@ fn read_line<R: BufRead>(r: &mut R) -> io::Result<Option<Line>> {
     Ok(Some(Line::Text(String::from_utf8_lossy(&buf).into_owned())))
 }
 
-fn error_reply(id: Value, (code, message): RpcError) -> Value {
-    json!({"jsonrpc": "2.0", "error": {"code": code, "message": message}, "id": id})
+fn error_reply(id: Value, e: RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "error": {"code": e.code(), "message": e.to_string()}, "id": id})
 }
 
 /// Answers one line: a request, a notification (no answer) or a batch.
 pub fn handle_line(line: &str, control: &dyn Control) -> Option<Value> {
     let v: Value = match serde_json::from_str(line) {
         Ok(v) => v,
-        Err(e) => {
-            return Some(error_reply(
-                Value::Null,
-                (PARSE_ERROR, format!("not JSON: {e}")),
-            ))
-        }
+        Err(e) => return Some(error_reply(Value::Null, RpcError::NotJson(e))),
     };
     match v {
-        Value::Array(batch) if batch.is_empty() => Some(error_reply(
-            Value::Null,
-            (INVALID_REQUEST, "an empty batch".into()),
-        )),
+        Value::Array(batch) if batch.is_empty() => {
+            Some(error_reply(Value::Null, RpcError::EmptyBatch))
+        }
         Value::Array(batch) => {
             let replies: Vec<Value> = batch
                 .into_iter()
@@ -253,24 +296,15 @@ pub fn handle_line(line: &str, control: &dyn Control) -> Option<Value> {
 
 fn handle_request(v: Value, control: &dyn Control) -> Option<Value> {
     let Value::Object(mut req) = v else {
-        return Some(error_reply(
-            Value::Null,
-            (INVALID_REQUEST, "a request must be a JSON object".into()),
-        ));
+        return Some(error_reply(Value::Null, RpcError::NotAnObject));
     };
     let id = req.remove("id");
     let reply_id = id.clone().unwrap_or(Value::Null);
     if req.get("jsonrpc") != Some(&Value::from("2.0")) {
-        return Some(error_reply(
-            reply_id,
-            (INVALID_REQUEST, "\"jsonrpc\" must be \"2.0\"".into()),
-        ));
+        return Some(error_reply(reply_id, RpcError::NotVersion2));
     }
     let Some(Value::String(method)) = req.remove("method") else {
-        return Some(error_reply(
-            reply_id,
-            (INVALID_REQUEST, "\"method\" must be a string".into()),
-        ));
+        return Some(error_reply(reply_id, RpcError::NoMethod));
     };
     let params = match req.remove("params") {
         None | Some(Value::Null) => Map::new(),
@@ -291,12 +325,8 @@ fn handle_request(v: Value, control: &dyn Control) -> Option<Value> {
     })
 }
 
-fn control_error(e: ControlError) -> RpcError {
-    (e.code(), e.to_string())
-}
-
 fn invalid(msg: impl Into<String>) -> RpcError {
-    control_error(ControlError::InvalidParams(msg.into()))
+    RpcError::Control(ControlError::InvalidParams(msg.into()))
 }
 
 /// Checks that `params` has only the names in `allowed`.
@@ -371,7 +401,7 @@ fn call(
                 pairs.push((k.as_str(), key_value(k, v)?));
             }
             let cfg = ExportConfig::from_pairs(pairs).map_err(|e| invalid(e.to_string()))?;
-            Ok(json!(control.add(cfg).map_err(control_error)?))
+            Ok(json!(control.add(cfg)?))
         }
         "export_del" => {
             only(&params, method, &["id", "mode"])?;
@@ -381,7 +411,7 @@ fn call(
                 Some("hard") => RemoveMode::Hard,
                 Some(m) => return Err(invalid(format!("'mode' is '{m}': safe or hard"))),
             };
-            control.remove(&id, mode).map_err(control_error)?;
+            control.remove(&id, mode)?;
             Ok(json!({"id": id, "removed": true}))
         }
         "export_list" => {
@@ -391,7 +421,7 @@ fn call(
         "export_get" => {
             only(&params, method, &["id"])?;
             let id = required(&params, "id")?;
-            let (cfg, status) = control.get(&id).map_err(control_error)?;
+            let (cfg, status) = control.get(&id)?;
             let config: Map<String, Value> = keys::pairs(&cfg)
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), Value::String(v)))
@@ -405,7 +435,7 @@ fn call(
                 Some(id) => {
                     let one: Vec<_> = list.into_iter().filter(|s| s.id == id).collect();
                     if one.is_empty() {
-                        return Err(control_error(ControlError::NoSuchExport(id)));
+                        return Err(ControlError::NoSuchExport(id).into());
                     }
                     one
                 }
@@ -429,7 +459,7 @@ fn call(
                     })?)
                 }
             };
-            Ok(json!(control.resize(&id, size).map_err(control_error)?))
+            Ok(json!(control.resize(&id, size)?))
         }
         "export_set_qos" => {
             let id = required(&params, "id")?;
@@ -438,15 +468,16 @@ fn call(
                 pairs.push((k.as_str(), key_value(k, v)?));
             }
             let qos = qos_from_pairs(pairs).map_err(|e| invalid(e.to_string()))?;
-            let now = control.set_qos(&id, qos).map_err(control_error)?;
+            let now = control.set_qos(&id, qos)?;
             Ok(json!({"id": id, "qos": qos_pairs(&now)}))
         }
         "save_config" => {
             only(&params, method, &["path"])?;
             let path = PathBuf::from(required(&params, "path")?);
             let text = config_toml(&control.configs());
-            write_atomically(&path, &text)
-                .map_err(|e| control_error(ControlError::Failed(format!("cannot write {}: {e}", path.display()))))?;
+            write_atomically(&path, &text).map_err(|e| {
+                ControlError::Failed(format!("cannot write {}: {e}", path.display()))
+            })?;
             Ok(json!({"path": path, "exports": control.configs().len()}))
         }
         #[cfg(debug_assertions)]
@@ -460,9 +491,7 @@ fn call(
                     invalid(format!("'thread' is {v}: an I/O thread's index"))
                 })?,
             };
-            control
-                .inject_fault(&id, thread, fault)
-                .map_err(control_error)?;
+            control.inject_fault(&id, thread, fault)?;
             Ok(json!({"id": id, "thread": thread, "injected": true}))
         }
         "version" => {
@@ -474,33 +503,8 @@ fn call(
             control.shutdown();
             Ok(json!({"shutting_down": true}))
         }
-        other => Err((
-            METHOD_NOT_FOUND,
-            format!("no method '{other}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, export_set_qos, save_config, version, shutdown)"),
-        )),
+        other => Err(RpcError::NoSuchMethod(other.into())),
     }
-}
-
-/// The TOML config file that recreates `exports` (`mqblk serve --config`).
-pub fn config_toml(exports: &[ExportConfig]) -> String {
-    let mut out = String::from("# Written by mqblk's save_config: the exports it was serving.\n");
-    for cfg in exports {
-        let mut table = toml::Table::new();
-        for (k, v) in keys::pairs(cfg) {
-            table.insert(k.to_string(), toml::Value::String(v));
-        }
-        out.push_str("\n[[export]]\n");
-        out.push_str(&toml::to_string(&table).expect("a table of strings serialises"));
-    }
-    out
-}
-
-/// Writes `text` to `path` through a temporary file beside it and a rename, so that a reader
-/// sees the old file or the new one, never half of one (save_config, the stats file).
-pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

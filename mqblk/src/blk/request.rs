@@ -10,8 +10,6 @@
 //! several device-readable descriptors, and the status byte is the last byte of the last
 //! descriptor, which may also carry data.
 
-use std::fmt;
-
 use virtio_bindings::virtio_blk::*;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
@@ -155,68 +153,60 @@ impl Request {
     }
 }
 
-/// Why a request was refused. The doc comment of each variant is its log message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Why a request was refused. Each message is the log line's reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Reason {
-    /// the chain is empty or its head is out of range
+    /// No head descriptor to start from.
+    #[error("the chain is empty or its head is out of range")]
     EmptyChain,
-    /// the chain ends early: a loop, a bad next index, an indirect table error or an address outside guest memory
+    /// The chain cannot be walked to its end.
+    #[error("the chain ends early (loop, bad next index, indirect table error or address outside guest memory)")]
     TruncatedChain,
-    /// the chain has more descriptors than seg_max allows
+    /// More descriptors than the advertised `seg_max` (plus header and status).
+    #[error("the chain has more descriptors than seg_max allows")]
     TooManyDescriptors,
-    /// the last descriptor is not device-writable, so there is no status byte
+    /// No place for the status byte.
+    #[error("the last descriptor is not device-writable, so there is no status byte")]
     NoStatus,
-    /// the status byte lies outside guest memory
+    /// The status byte's address does not translate.
+    #[error("the status byte lies outside guest memory")]
     StatusOutOfMemory,
-    /// the header is shorter than 16 bytes or not device-readable
+    /// Not a whole device-readable header before the data.
+    #[error("the header is shorter than 16 bytes or not device-readable")]
     BadHeader,
-    /// the header or a discard segment lies outside guest memory
+    /// The header or a discard/write-zeroes segment cannot be read from guest memory.
+    #[error("the header or a discard segment lies outside guest memory")]
     UnreadableHeader,
-    /// unsupported request type
+    /// A request type mqblk does not serve (answered UNSUPP).
+    #[error("unsupported request type")]
     UnsupportedType,
-    /// the data buffers have the wrong direction for the request type
+    /// Data buffers device-writable for a write, or device-readable for a read.
+    #[error("the data buffers have the wrong direction for the request type")]
     WrongDirection,
-    /// the data length is not a multiple of 512 bytes
+    /// Data not in whole sectors.
+    #[error("the data length is not a multiple of 512 bytes")]
     UnalignedLength,
-    /// the sector range ends past the capacity
+    /// Sectors beyond the capacity (or an overflowing range).
+    #[error("the sector range ends past the capacity")]
     OutOfRange,
-    /// a write, discard or write-zeroes on a read-only export
+    /// A request that would change a read-only export.
+    #[error("a write, discard or write-zeroes on a read-only export")]
     ReadOnly,
-    /// more than one discard/write-zeroes segment
+    /// Several discard/write-zeroes segments (mqblk advertises one).
+    #[error("more than one discard/write-zeroes segment")]
     TooManyDwzSegments,
-    /// the discard/write-zeroes payload is not a whole number of 16-byte segments
+    /// A discard/write-zeroes payload that is not made of whole segments.
+    #[error("the discard/write-zeroes payload is not a whole number of 16-byte segments")]
     BadDwzPayload,
-    /// reserved flag bits are set in a discard/write-zeroes segment
+    /// Flags a discard/write-zeroes segment may not carry.
+    #[error("reserved flag bits are set in a discard/write-zeroes segment")]
     ReservedFlags,
-    /// the discard/write-zeroes sector count exceeds the advertised maximum
+    /// A discard/write-zeroes segment larger than advertised.
+    #[error("the discard/write-zeroes sector count exceeds the advertised maximum")]
     TooManySectors,
-    /// GET_ID has no writable buffer
+    /// GET_ID without a buffer to write the id into.
+    #[error("GET_ID has no writable buffer")]
     NoIdBuffer,
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            Reason::EmptyChain => "the chain is empty or its head is out of range",
-            Reason::TruncatedChain => "the chain ends early (loop, bad next index, indirect table error or address outside guest memory)",
-            Reason::TooManyDescriptors => "the chain has more descriptors than seg_max allows",
-            Reason::NoStatus => "the last descriptor is not device-writable, so there is no status byte",
-            Reason::StatusOutOfMemory => "the status byte lies outside guest memory",
-            Reason::BadHeader => "the header is shorter than 16 bytes or not device-readable",
-            Reason::UnreadableHeader => "the header or a discard segment lies outside guest memory",
-            Reason::UnsupportedType => "unsupported request type",
-            Reason::WrongDirection => "the data buffers have the wrong direction for the request type",
-            Reason::UnalignedLength => "the data length is not a multiple of 512 bytes",
-            Reason::OutOfRange => "the sector range ends past the capacity",
-            Reason::ReadOnly => "a write, discard or write-zeroes on a read-only export",
-            Reason::TooManyDwzSegments => "more than one discard/write-zeroes segment",
-            Reason::BadDwzPayload => "the discard/write-zeroes payload is not a whole number of 16-byte segments",
-            Reason::ReservedFlags => "reserved flag bits are set in a discard/write-zeroes segment",
-            Reason::TooManySectors => "the discard/write-zeroes sector count exceeds the advertised maximum",
-            Reason::NoIdBuffer => "GET_ID has no writable buffer",
-        };
-        f.write_str(s)
-    }
 }
 
 /// A refused request: what to answer, if anything can be answered.

@@ -2,11 +2,13 @@
 //!
 //! Everything that names an export key is generated from this table ([`keys`]): the `--export` and TOML
 //! parsers, the unknown-key message, `mqblk serve --help` ([`spec_help`]), and the README's key
-//! table, which a test holds to [`readme_rows`]. Adding a key means adding one entry here.
+//! table, which a test holds to [`readme_rows`]. Adding a key means adding one entry here,
+//! written with the helper for its kind of value (`on_off_key!`, `int_key!`, `choice_key!`,
+//! ...; `key!` for any other); a QoS limit is one `limit_keys!` line, named in `config::qos`.
 
 use std::path::PathBuf;
 
-use super::qos::{Bucket, Limit, QosConfig, MAX_BURST_LENGTH, MAX_RATE};
+use super::qos::{limit_key, Bucket, Limit, QosConfig, MAX_BURST_LENGTH, MAX_RATE};
 use super::rbd;
 use super::tuning::PollMode;
 use super::values::{parse_bool, parse_cpu_list, parse_size};
@@ -40,10 +42,6 @@ impl Key {
     }
 }
 
-fn on_off(b: bool) -> String {
-    if b { "on" } else { "off" }.into()
-}
-
 /// Every key `cfg` sets to something other than its default, with its value: what recreates
 /// `cfg` through [`ExportConfig::from_pairs`].
 pub fn pairs(cfg: &ExportConfig) -> Vec<(&'static str, String)> {
@@ -66,6 +64,16 @@ fn valid_name(v: &str) -> bool {
     (1..=64).contains(&v.len())
         && v.chars()
             .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+}
+
+/// `v` if `valid` accepts it.
+fn name(v: &str, valid: fn(&str) -> bool) -> Option<String> {
+    valid(v).then(|| v.to_string())
+}
+
+/// A path that librados can take: without NUL bytes (empty: none).
+fn c_path(v: &str) -> Option<Option<PathBuf>> {
+    (!v.contains('\0')).then(|| Some(PathBuf::from(v)).filter(|_| !v.is_empty()))
 }
 
 /// The export's QoS settings, created by its first QoS key.
@@ -94,485 +102,479 @@ fn show_limit(
     (n != unset).then(|| n.to_string())
 }
 
-const ON_OFF: &str = "on or off";
+/// A key: `parse` turns a value into what it sets, the place `set` (`None`: the value is
+/// refused); `show` gives the value an export has (`None`: unset).
+macro_rules! key {
+    ($name:expr, $value:expr, |$c:ident| $set:expr => $parse:expr, $show:expr, $allowed:expr, $help:expr $(,)?) => {
+        Key {
+            name: $name,
+            value: $value,
+            help: $help,
+            allowed: $allowed,
+            apply: |$c, v| {
+                $set = $parse(v)?;
+                Some(())
+            },
+            show: $show,
+        }
+    };
+}
+
+/// A key of the field `field` (a path of [`ExportConfig`] fields, e.g. `rbd.user`), which
+/// `show` shows.
+macro_rules! field_key {
+    ($name:literal, $value:expr, $($field:ident).+, $parse:expr, $show:expr, $allowed:expr, $help:literal $(,)?) => {
+        key!(
+            $name,
+            $value,
+            |c| c.$($field).+ => $parse,
+            |c| $show(&c.$($field).+),
+            $allowed,
+            $help
+        )
+    };
+}
+
+/// An on/off key of the `bool` field `field`.
+macro_rules! on_off_key {
+    ($name:literal, $($field:ident).+, $help:literal $(,)?) => {
+        field_key!(
+            $name,
+            "on|off",
+            $($field).+,
+            parse_bool,
+            |b: &bool| Some(if *b { "on" } else { "off" }.to_string()),
+            "on or off",
+            $help
+        )
+    };
+}
+
+/// An integer key of the field `field` (of type `ty`), from `lo` to `hi`.
+macro_rules! int_key {
+    ($name:literal, $value:literal, $($field:ident).+ as $ty:ty, $lo:expr, $hi:expr, $allowed:literal, $help:literal $(,)?) => {
+        field_key!(
+            $name,
+            $value,
+            $($field).+,
+            |v| int(v, $lo, $hi).map(|n| n as $ty),
+            |n: &$ty| Some(n.to_string()),
+            $allowed,
+            $help
+        )
+    };
+}
+
+/// A key whose values name an enum's variants: each `"value" => Variant` written once, for
+/// parsing and showing both.
+macro_rules! choice_key {
+    ($name:literal, $($field:ident).+, $ty:ident { $v0:literal => $variant0:ident $(, $v:literal => $variant:ident)* $(,)? }, $allowed:literal, $help:literal $(,)?) => {
+        field_key!(
+            $name,
+            concat!($v0 $(, "|", $v)*),
+            $($field).+,
+            |v| match v {
+                $v0 => Some($ty::$variant0),
+                $($v => Some($ty::$variant),)*
+                _ => None,
+            },
+            |x: &$ty| Some(match x {
+                $ty::$variant0 => $v0,
+                $($ty::$variant => $v,)*
+            }.to_string()),
+            $allowed,
+            $help
+        )
+    };
+}
+
+/// A key naming an RBD pool, image or namespace (optional: `None` until given).
+macro_rules! rbd_name_key {
+    ($name:literal, $field:ident, $help:literal $(,)?) => {
+        field_key!(
+            $name,
+            "NAME",
+            rbd.$field,
+            |v| name(v, rbd::valid_name).map(Some),
+            |n: &Option<String>| n.clone(),
+            "a non-empty name of at most 255 characters without '/', '@', ',' or '='",
+            $help
+        )
+    };
+}
+
+/// A key of a path librados reads (optional: `None` until given).
+macro_rules! rbd_path_key {
+    ($name:literal, $field:ident, $help:literal $(,)?) => {
+        field_key!(
+            $name,
+            "PATH",
+            rbd.$field,
+            c_path,
+            |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()),
+            "a path without NUL bytes (librados takes C strings)",
+            $help
+        )
+    };
+}
+
 const IOPS: &str = "an integer from 0 to 1000000000000000 (requests per second; 0: no limit)";
 const BPS: &str =
     "bytes per second from 0 to 1000000000000000, with optional K/M/G/T suffix (0: no limit)";
-const SECONDS: &str = "an integer from 1 to 1000000000 (seconds)";
-const RBD_NAME: &str = "a non-empty name of at most 255 characters without '/', '@', ',' or '='";
+const NAME: &str = "1 to 64 letters, digits, '-', '_' or '.'";
 
-/// Every export key, in the order the help and the README list them.
+/// Every key but the QoS keys, in the order the help and the README list them.
 const GENERAL: &[Key] = &[
-    Key {
-        name: "id",
-        value: "NAME",
-        help: "the export's name in the management API, the stats and the metrics, and the `FileDescriptorName=` of its socket under systemd socket activation (default: the socket's file name without its extension)",
-        allowed: "1 to 64 letters, digits, '-', '_' or '.'",
-        apply: |c, v| {
-            c.id = Some(v.to_string()).filter(|_| valid_name(v))?;
-            Some(())
+    field_key!(
+        "id",
+        "NAME",
+        id,
+        |v| name(v, valid_name),
+        |id: &String| Some(id.clone()),
+        NAME,
+        "the export's name in the management API, the stats and the metrics, and the `FileDescriptorName=` of its socket under systemd socket activation (default: the socket's file name without its extension)",
+    ),
+    field_key!(
+        "socket",
+        "PATH",
+        socket,
+        |v: &str| Some(PathBuf::from(v)).filter(|_| !v.is_empty()),
+        |p: &PathBuf| Some(p.display().to_string()).filter(|s| !s.is_empty()),
+        "a path",
+        "vhost-user unix socket to listen on (this or `fd=` is required)",
+    ),
+    field_key!(
+        "fd",
+        "N",
+        fd,
+        |v| int(v, 0, i32::MAX as u64).map(|n| Some(n as i32)),
+        |fd: &Option<i32>| fd.map(|n| n.to_string()),
+        "a file descriptor number from 0 to 2147483647",
+        "serve the listening unix socket inherited as file descriptor N instead of binding a path (like qemu-storage-daemon's `addr.type=fd`); it is left open, never unlinked, at exit (default id: `fd-N`)",
+    ),
+    field_key!(
+        "path",
+        "PATH",
+        path,
+        |v: &str| Some(Some(PathBuf::from(v)).filter(|_| !v.is_empty())),
+        |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()),
+        "a path",
+        "raw image file or block device (engine=uring); with `size=` it is created if missing",
+    ),
+    choice_key!(
+        "engine",
+        engine,
+        EngineKind { "uring" => Uring, "null" => Null, "mem" => Mem, "rbd" => Rbd },
+        "uring, null, mem or rbd",
+        "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature)",
+    ),
+    rbd_name_key!(
+        "pool",
+        pool,
+        "engine=rbd: the RADOS pool holding the image (required)",
+    ),
+    rbd_name_key!(
+        "image",
+        image,
+        "engine=rbd: the RBD image (required); with `size=` it is created if missing",
+    ),
+    rbd_name_key!(
+        "namespace",
+        namespace,
+        "engine=rbd: the RADOS namespace within the pool (default: the pool's default namespace)",
+    ),
+    rbd_path_key!(
+        "conf",
+        conf,
+        "engine=rbd: the ceph.conf naming the monitors (default: librados's search, /etc/ceph/ceph.conf first)",
+    ),
+    field_key!(
+        "user",
+        "NAME",
+        rbd.user,
+        |v| name(v, valid_name),
+        |user: &String| Some(user.clone()),
+        "a Ceph client name: 1 to 64 letters, digits, '-', '_' or '.'",
+        "engine=rbd: the Ceph client name without `client.` (default admin, as in QEMU's rbd driver)",
+    ),
+    rbd_path_key!(
+        "keyring",
+        keyring,
+        "engine=rbd: the keyring holding the user's key (default: the one ceph.conf names, else /etc/ceph/ceph.client.USER.keyring)",
+    ),
+    int_key!(
+        "timeout",
+        "SECONDS",
+        rbd.timeout_s as u32,
+        1,
+        3600,
+        "an integer from 1 to 3600 (seconds)",
+        "engine=rbd: longest wait for the cluster: connecting at start, and each request, which then fails with an I/O error (default 30)",
+    ),
+    field_key!(
+        "size",
+        "BYTES",
+        size,
+        |v| Some(Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?)),
+        |n: &Option<u64>| n.map(|n| n.to_string()),
+        "a positive multiple of 512 bytes, with optional K/M/G/T suffix",
+        "capacity, K/M/G/T suffixes (needed for null and mem; must match an existing image; creates a missing file or RBD image)",
+    ),
+    int_key!(
+        "queues",
+        "N",
+        queues as u16,
+        1,
+        u64::from(MAX_QUEUES),
+        "an integer from 1 to 64",
+        "virtqueues offered to the guest (default 1, max 64)",
+    ),
+    field_key!(
+        "queue-size",
+        "N",
+        queue_size,
+        |v| int(v, 2, 32768).filter(|n| n.is_power_of_two()).map(|n| n as u16),
+        |n: &u16| Some(n.to_string()),
+        "a power of two from 2 to 32768",
+        "maximum virtqueue size (default 1024)",
+    ),
+    field_key!(
+        "threads",
+        "per-queue|N",
+        threads,
+        |v| match v {
+            "per-queue" => Some(Threads::PerQueue),
+            n => Some(Threads::Count(int(n, 1, u64::from(MAX_QUEUES))? as u16)),
         },
-        show: |c| Some(c.id.clone()),
-    },
-    Key {
-        name: "socket",
-        value: "PATH",
-        help: "vhost-user unix socket to listen on (this or `fd=` is required)",
-        allowed: "a path",
-        apply: |c, v| {
-            c.socket = Some(PathBuf::from(v)).filter(|_| !v.is_empty())?;
-            Some(())
+        |t: &Threads| Some(match t {
+            Threads::PerQueue => "per-queue".into(),
+            Threads::Count(n) => n.to_string(),
+        }),
+        "per-queue, or a thread count from 1 to 64",
+        "I/O threads: one per queue (default), or N threads with queue q on thread q mod N",
+    ),
+    field_key!(
+        "cpus",
+        "LIST",
+        cpus,
+        |v| parse_cpu_list(v).filter(|l| !l.is_empty()),
+        |l: &Vec<usize>| {
+            let list: Vec<String> = l.iter().map(|n| n.to_string()).collect();
+            (!list.is_empty()).then(|| list.join(":"))
         },
-        show: |c| Some(c.socket.display().to_string()).filter(|s| !s.is_empty()),
-    },
-    Key {
-        name: "fd",
-        value: "N",
-        help: "serve the listening unix socket inherited as file descriptor N instead of binding a path (like qemu-storage-daemon's `addr.type=fd`); it is left open, never unlinked, at exit (default id: `fd-N`)",
-        allowed: "a file descriptor number from 0 to 2147483647",
-        apply: |c, v| {
-            c.fd = Some(int(v, 0, i32::MAX as u64)? as i32);
-            Some(())
-        },
-        show: |c| c.fd.map(|n| n.to_string()),
-    },
-    Key {
-        name: "path",
-        value: "PATH",
-        help: "raw image file or block device (engine=uring); with `size=` it is created if missing",
-        allowed: "a path",
-        apply: |c, v| {
-            c.path = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
-            Some(())
-        },
-        show: |c| c.path.as_ref().map(|p| p.display().to_string()),
-    },
-    Key {
-        name: "engine",
-        value: "uring|null|mem|rbd",
-        help: "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature)",
-        allowed: "uring, null, mem or rbd",
-        apply: |c, v| {
-            c.engine = match v {
-                "uring" => EngineKind::Uring,
-                "null" => EngineKind::Null,
-                "mem" => EngineKind::Mem,
-                "rbd" => EngineKind::Rbd,
-                _ => return None,
-            };
-            Some(())
-        },
-        show: |c| Some(match c.engine { EngineKind::Uring => "uring", EngineKind::Null => "null", EngineKind::Mem => "mem", EngineKind::Rbd => "rbd" }.into()),
-    },
-    Key {
-        name: "pool",
-        value: "NAME",
-        help: "engine=rbd: the RADOS pool holding the image (required)",
-        allowed: RBD_NAME,
-        apply: |c, v| {
-            c.rbd.pool = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
-            Some(())
-        },
-        show: |c| c.rbd.pool.clone(),
-    },
-    Key {
-        name: "image",
-        value: "NAME",
-        help: "engine=rbd: the RBD image (required); with `size=` it is created if missing",
-        allowed: RBD_NAME,
-        apply: |c, v| {
-            c.rbd.image = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
-            Some(())
-        },
-        show: |c| c.rbd.image.clone(),
-    },
-    Key {
-        name: "namespace",
-        value: "NAME",
-        help: "engine=rbd: the RADOS namespace within the pool (default: the pool's default namespace)",
-        allowed: RBD_NAME,
-        apply: |c, v| {
-            c.rbd.namespace = Some(Some(v.to_string()).filter(|_| rbd::valid_name(v))?);
-            Some(())
-        },
-        show: |c| c.rbd.namespace.clone(),
-    },
-    Key {
-        name: "conf",
-        value: "PATH",
-        help: "engine=rbd: the ceph.conf naming the monitors (default: librados's search, /etc/ceph/ceph.conf first)",
-        allowed: "a path without NUL bytes (librados takes C strings)",
-        apply: |c, v| {
-            if v.contains('\0') {
-                return None;
-            }
-            c.rbd.conf = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
-            Some(())
-        },
-        show: |c| c.rbd.conf.as_ref().map(|p| p.display().to_string()),
-    },
-    Key {
-        name: "user",
-        value: "NAME",
-        help: "engine=rbd: the Ceph client name without `client.` (default admin, as in QEMU's rbd driver)",
-        allowed: "a Ceph client name: 1 to 64 letters, digits, '-', '_' or '.'",
-        apply: |c, v| {
-            c.rbd.user = Some(v.to_string()).filter(|_| valid_name(v))?;
-            Some(())
-        },
-        show: |c| Some(c.rbd.user.clone()),
-    },
-    Key {
-        name: "keyring",
-        value: "PATH",
-        help: "engine=rbd: the keyring holding the user's key (default: the one ceph.conf names, else /etc/ceph/ceph.client.USER.keyring)",
-        allowed: "a path without NUL bytes (librados takes C strings)",
-        apply: |c, v| {
-            if v.contains('\0') {
-                return None;
-            }
-            c.rbd.keyring = Some(PathBuf::from(v)).filter(|_| !v.is_empty());
-            Some(())
-        },
-        show: |c| c.rbd.keyring.as_ref().map(|p| p.display().to_string()),
-    },
-    Key {
-        name: "timeout",
-        value: "SECONDS",
-        help: "engine=rbd: longest wait for the cluster: connecting at start, and each request, which then fails with an I/O error (default 30)",
-        allowed: "an integer from 1 to 3600 (seconds)",
-        apply: |c, v| {
-            c.rbd.timeout_s = int(v, 1, 3600)? as u32;
-            Some(())
-        },
-        show: |c| Some(c.rbd.timeout_s.to_string()),
-    },
-    Key {
-        name: "size",
-        value: "BYTES",
-        help: "capacity, K/M/G/T suffixes (needed for null and mem; must match an existing image; creates a missing file or RBD image)",
-        allowed: "a positive multiple of 512 bytes, with optional K/M/G/T suffix",
-        apply: |c, v| {
-            c.size = Some(parse_size(v).filter(|n| *n > 0 && n % 512 == 0)?);
-            Some(())
-        },
-        show: |c| c.size.map(|n| n.to_string()),
-    },
-    Key {
-        name: "queues",
-        value: "N",
-        help: "virtqueues offered to the guest (default 1, max 64)",
-        allowed: "an integer from 1 to 64",
-        apply: |c, v| {
-            c.queues = int(v, 1, u64::from(MAX_QUEUES))? as u16;
-            Some(())
-        },
-        show: |c| Some(c.queues.to_string()),
-    },
-    Key {
-        name: "queue-size",
-        value: "N",
-        help: "maximum virtqueue size (default 1024)",
-        allowed: "a power of two from 2 to 32768",
-        apply: |c, v| {
-            c.queue_size = int(v, 2, 32768).filter(|n| n.is_power_of_two())? as u16;
-            Some(())
-        },
-        show: |c| Some(c.queue_size.to_string()),
-    },
-    Key {
-        name: "threads",
-        value: "per-queue|N",
-        help: "I/O threads: one per queue (default), or N threads with queue q on thread q mod N",
-        allowed: "per-queue, or a thread count from 1 to 64",
-        apply: |c, v| {
-            c.threads = match v {
-                "per-queue" => Threads::PerQueue,
-                n => Threads::Count(int(n, 1, u64::from(MAX_QUEUES))? as u16),
-            };
-            Some(())
-        },
-        show: |c| Some(match c.threads { Threads::PerQueue => "per-queue".into(), Threads::Count(n) => n.to_string() }),
-    },
-    Key {
-        name: "cpus",
-        value: "LIST",
-        help: "pin I/O thread i to the i-th CPU of LIST, e.g. `2-5,8`",
-        allowed: "a CPU list such as 0-3,8, with CPU numbers below 1024 (1024 CPUs at most)",
-        apply: |c, v| {
-            let list = parse_cpu_list(v).filter(|l| !l.is_empty())?;
-            c.cpus = list;
-            Some(())
-        },
-        show: |c| (!c.cpus.is_empty()).then(|| c.cpus.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(":")),
-    },
-    Key {
-        name: "readonly",
-        value: "on|off",
-        help: "default off; advertises `VIRTIO_BLK_F_RO` and refuses writes",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.readonly = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.readonly)),
-    },
-    Key {
-        name: "direct",
-        value: "on|off",
-        help: "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`); with engine=rbd, on turns librbd's cache off (as QEMU's `cache.direct=on` does) and off turns it on",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.direct = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.direct)),
-    },
-    Key {
-        name: "serial",
-        value: "STRING",
-        help: "answer to GET_ID (at most 20 bytes)",
-        allowed: "at most 20 bytes",
-        apply: |c, v| {
-            c.serial = Some(v.to_string()).filter(|s| s.len() <= MAX_SERIAL_LEN)?;
-            Some(())
-        },
-        show: |c| Some(c.serial.clone()),
-    },
-    Key {
-        name: "poll",
-        value: "off|on|adaptive",
-        help: "busy-poll the rings while busy, guest notifications suppressed (default adaptive; off suits CPUs shared by more busy threads than they have)",
-        allowed: "off, on or adaptive",
-        apply: |c, v| {
-            c.tuning.poll = match v {
-                "off" => PollMode::Off,
-                "on" => PollMode::On,
-                "adaptive" => PollMode::Adaptive,
-                _ => return None,
-            };
-            Some(())
-        },
-        show: |c| Some(match c.tuning.poll { PollMode::Off => "off", PollMode::On => "on", PollMode::Adaptive => "adaptive" }.into()),
-    },
-    Key {
-        name: "poll-max-us",
-        value: "N",
-        help: "longest poll window (default 32; 0 turns polling off)",
-        allowed: "an integer from 0 to 10000 (microseconds)",
-        apply: |c, v| {
-            c.tuning.poll_max_us = int(v, 0, 10_000)? as u32;
-            Some(())
-        },
-        show: |c| Some(c.tuning.poll_max_us.to_string()),
-    },
-    Key {
-        name: "batch-wait-us",
-        value: "N",
-        help: "under heavy load, wait up to N µs to grow a batch before the submit (default 0: off)",
-        allowed: "an integer from 0 to 1000 (microseconds; 0 disables)",
-        apply: |c, v| {
-            c.tuning.batch_wait_us = int(v, 0, 1000)? as u32;
-            Some(())
-        },
-        show: |c| Some(c.tuning.batch_wait_us.to_string()),
-    },
-    Key {
-        name: "merge",
-        value: "on|off",
-        help: "merge adjacent requests of one queue into one host I/O (default on)",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.tuning.merge = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.tuning.merge)),
-    },
-    Key {
-        name: "fixed-files",
-        value: "on|off",
-        help: "register the backing file with each I/O thread's io_uring, so no I/O takes a reference on the shared file (default on)",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.tuning.fixed_files = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.tuning.fixed_files)),
-    },
-    Key {
-        name: "fixed-buffers",
-        value: "on|off",
-        help: "register guest memory as io_uring fixed buffers: single-segment I/O skips per-I/O page pinning; pins all guest memory while connected (default off)",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.tuning.fixed_buffers = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.tuning.fixed_buffers)),
-    },
-    Key {
-        name: "sqpoll-idle-ms",
-        value: "N",
-        help: "one kernel submission-polling thread per I/O thread (`IORING_SETUP_SQPOLL`), idle after N ms (default 0: off; costs a CPU while busy)",
-        allowed: "an integer from 0 to 10000 (milliseconds; 0 disables SQPOLL)",
-        apply: |c, v| {
-            c.tuning.sqpoll_idle_ms = int(v, 0, 10_000)? as u32;
-            Some(())
-        },
-        show: |c| Some(c.tuning.sqpoll_idle_ms.to_string()),
-    },
-    Key {
-        name: "coop-taskrun",
-        value: "on|off",
-        help: "set up each io_uring with `COOP_TASKRUN`, `TASKRUN_FLAG` and `SINGLE_ISSUER`: a completion never interrupts a running I/O thread (no IPI), it is posted at the thread's next syscall (default on; older kernels fall back silently)",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.tuning.coop_taskrun = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.tuning.coop_taskrun)),
-    },
-    Key {
-        name: "submit-early",
-        value: "on|off",
-        help: "hand a batch's first I/Os to the kernel while the rest is still being parsed, as long as the device holds fewer than are queued (slow start: 1, 1, 2, 4... per syscall), so that an idle device never waits for the whole batch (default on; off: one syscall per batch)",
-        allowed: ON_OFF,
-        apply: |c, v| {
-            c.tuning.submit_early = parse_bool(v)?;
-            Some(())
-        },
-        show: |c| Some(on_off(c.tuning.submit_early)),
-    },
+        "a CPU list such as 0-3,8, with CPU numbers below 1024 (1024 CPUs at most)",
+        "pin I/O thread i to the i-th CPU of LIST, e.g. `2-5,8`",
+    ),
+    on_off_key!(
+        "readonly",
+        readonly,
+        "default off; advertises `VIRTIO_BLK_F_RO` and refuses writes",
+    ),
+    on_off_key!(
+        "direct",
+        direct,
+        "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`); with engine=rbd, on turns librbd's cache off (as QEMU's `cache.direct=on` does) and off turns it on",
+    ),
+    field_key!(
+        "serial",
+        "STRING",
+        serial,
+        |v: &str| (v.len() <= MAX_SERIAL_LEN).then(|| v.to_string()),
+        |s: &String| Some(s.clone()),
+        "at most 20 bytes",
+        "answer to GET_ID (at most 20 bytes)",
+    ),
+    choice_key!(
+        "poll",
+        tuning.poll,
+        PollMode { "off" => Off, "on" => On, "adaptive" => Adaptive },
+        "off, on or adaptive",
+        "busy-poll the rings while busy, guest notifications suppressed (default adaptive; off suits CPUs shared by more busy threads than they have)",
+    ),
+    int_key!(
+        "poll-max-us",
+        "N",
+        tuning.poll_max_us as u32,
+        0,
+        10_000,
+        "an integer from 0 to 10000 (microseconds)",
+        "longest poll window (default 32; 0 turns polling off)",
+    ),
+    int_key!(
+        "batch-wait-us",
+        "N",
+        tuning.batch_wait_us as u32,
+        0,
+        1000,
+        "an integer from 0 to 1000 (microseconds; 0 disables)",
+        "under heavy load, wait up to N µs to grow a batch before the submit (default 0: off)",
+    ),
+    on_off_key!(
+        "merge",
+        tuning.merge,
+        "merge adjacent requests of one queue into one host I/O (default on)",
+    ),
+    on_off_key!(
+        "fixed-files",
+        tuning.fixed_files,
+        "register the backing file with each I/O thread's io_uring, so no I/O takes a reference on the shared file (default on)",
+    ),
+    on_off_key!(
+        "fixed-buffers",
+        tuning.fixed_buffers,
+        "register guest memory as io_uring fixed buffers: single-segment I/O skips per-I/O page pinning; pins all guest memory while connected (default off)",
+    ),
+    int_key!(
+        "sqpoll-idle-ms",
+        "N",
+        tuning.sqpoll_idle_ms as u32,
+        0,
+        10_000,
+        "an integer from 0 to 10000 (milliseconds; 0 disables SQPOLL)",
+        "one kernel submission-polling thread per I/O thread (`IORING_SETUP_SQPOLL`), idle after N ms (default 0: off; costs a CPU while busy)",
+    ),
+    on_off_key!(
+        "coop-taskrun",
+        tuning.coop_taskrun,
+        "set up each io_uring with `COOP_TASKRUN`, `TASKRUN_FLAG` and `SINGLE_ISSUER`: a completion never interrupts a running I/O thread (no IPI), it is posted at the thread's next syscall (default on; older kernels fall back silently)",
+    ),
+    on_off_key!(
+        "submit-early",
+        tuning.submit_early,
+        "hand a batch's first I/Os to the kernel while the rest is still being parsed, as long as the device holds fewer than are queued (slow start: 1, 1, 2, 4... per syscall), so that an idle device never waits for the whole batch (default on; off: one syscall per batch)",
+    ),
 ];
 
-/// The three keys of one QoS limit: its rate, its burst rate and its burst length.
+/// A key of the field `field` of the QoS limit `bucket`, shown unless it is `unset`.
+macro_rules! limit_field_key {
+    ($bucket:ident . $field:ident, $name:expr, $value:expr, $parse:expr, $unset:literal, $allowed:expr, $help:expr) => {
+        key!(
+            $name,
+            $value,
+            |c| qos(c).limit_mut(Bucket::$bucket).$field => $parse,
+            |c| show_limit(c, Bucket::$bucket, |l| l.$field, $unset),
+            $allowed,
+            $help
+        )
+    };
+}
+
+/// The three keys of one QoS limit (named by [`Bucket::keys`]): its rate, its burst rate and
+/// its burst length.
 macro_rules! limit_keys {
-    ($bucket:expr, $name:literal, $value:literal, $allowed:expr, $parse:ident, $unit:literal, $help:literal) => {
+    ($bucket:ident, $value:literal, $allowed:expr, $parse:ident, $unit:literal, $help:literal) => {
         [
-            Key {
-                name: $name,
-                value: $value,
-                help: concat!("QoS: ", $help, " (QEMU's throttling; default 0: no limit)"),
-                allowed: $allowed,
-                apply: |c, v| {
-                    qos(c).limit_mut($bucket).rate = $parse(v)?;
-                    Some(())
-                },
-                show: |c| show_limit(c, $bucket, |l| l.rate, 0),
-            },
-            Key {
-                name: concat!($name, "-max"),
-                value: $value,
-                help: concat!(
+            limit_field_key!(
+                $bucket.rate,
+                Bucket::$bucket.keys().0,
+                $value,
+                $parse,
+                0,
+                $allowed,
+                concat!("QoS: ", $help, " (QEMU's throttling; default 0: no limit)")
+            ),
+            limit_field_key!(
+                $bucket.max,
+                Bucket::$bucket.keys().1,
+                $value,
+                $parse,
+                0,
+                $allowed,
+                concat!(
                     "QoS: burst rate of `",
-                    $name,
+                    limit_key!($bucket),
                     "`, in ",
                     $unit,
                     " per second (default: none, which lets a tenth of a second's worth come at once)"
-                ),
-                allowed: $allowed,
-                apply: |c, v| {
-                    qos(c).limit_mut($bucket).max = $parse(v)?;
-                    Some(())
-                },
-                show: |c| show_limit(c, $bucket, |l| l.max, 0),
-            },
-            Key {
-                name: concat!($name, "-max-length"),
-                value: "SECONDS",
-                help: concat!(
+                )
+            ),
+            limit_field_key!(
+                $bucket.max_length,
+                Bucket::$bucket.keys().2,
+                "SECONDS",
+                |v| int(v, 1, MAX_BURST_LENGTH),
+                1,
+                "an integer from 1 to 1000000000 (seconds)",
+                concat!(
                     "QoS: how many seconds a burst at `",
-                    $name,
+                    limit_key!($bucket),
                     "-max` may last (default 1, at which the burst may come at once)"
-                ),
-                allowed: SECONDS,
-                apply: |c, v| {
-                    qos(c).limit_mut($bucket).max_length = int(v, 1, MAX_BURST_LENGTH)?;
-                    Some(())
-                },
-                show: |c| show_limit(c, $bucket, |l| l.max_length, 1),
-            },
+                )
+            ),
         ]
     };
 }
 
-/// The keys of the six QoS limits, in the order of [`Bucket::ALL`] (which [`Bucket::keys`]
-/// relies on).
-pub(super) const QOS_LIMITS: [[Key; 3]; 6] =
-    [
-        limit_keys!(
-            Bucket::IopsTotal,
-            "iops-total",
-            "N",
-            IOPS,
-            requests_rate,
-            "requests",
-            "an average of at most N requests per second, reads and writes together"
-        ),
-        limit_keys!(
-            Bucket::IopsRead,
-            "iops-read",
-            "N",
-            IOPS,
-            requests_rate,
-            "requests",
-            "an average of at most N read requests per second"
-        ),
-        limit_keys!(
-            Bucket::IopsWrite,
-            "iops-write",
-            "N",
-            IOPS,
-            requests_rate,
-            "requests",
-            "an average of at most N write requests per second, write-zeroes included"
-        ),
-        limit_keys!(
-            Bucket::BpsTotal,
-            "bps-total",
-            "BYTES",
-            BPS,
-            bytes_rate,
-            "bytes",
-            "an average of at most BYTES per second read and written together, K/M/G/T suffixes"
-        ),
-        limit_keys!(
-            Bucket::BpsRead,
-            "bps-read",
-            "BYTES",
-            BPS,
-            bytes_rate,
-            "bytes",
-            "an average of at most BYTES read per second, K/M/G/T suffixes"
-        ),
-        limit_keys!(Bucket::BpsWrite, "bps-write", "BYTES", BPS, bytes_rate, "bytes",
-        "an average of at most BYTES written per second, write-zeroes included, K/M/G/T suffixes"),
-    ];
+/// The keys of the six QoS limits, in the order of [`Bucket::ALL`].
+const QOS_LIMITS: [[Key; 3]; 6] = [
+    limit_keys!(
+        IopsTotal,
+        "N",
+        IOPS,
+        requests_rate,
+        "requests",
+        "an average of at most N requests per second, reads and writes together"
+    ),
+    limit_keys!(
+        IopsRead,
+        "N",
+        IOPS,
+        requests_rate,
+        "requests",
+        "an average of at most N read requests per second"
+    ),
+    limit_keys!(
+        IopsWrite,
+        "N",
+        IOPS,
+        requests_rate,
+        "requests",
+        "an average of at most N write requests per second, write-zeroes included"
+    ),
+    limit_keys!(
+        BpsTotal,
+        "BYTES",
+        BPS,
+        bytes_rate,
+        "bytes",
+        "an average of at most BYTES per second read and written together, K/M/G/T suffixes"
+    ),
+    limit_keys!(
+        BpsRead,
+        "BYTES",
+        BPS,
+        bytes_rate,
+        "bytes",
+        "an average of at most BYTES read per second, K/M/G/T suffixes"
+    ),
+    limit_keys!(
+        BpsWrite,
+        "BYTES",
+        BPS,
+        bytes_rate,
+        "bytes",
+        "an average of at most BYTES written per second, write-zeroes included, K/M/G/T suffixes"
+    ),
+];
 
 /// The QoS keys beside the limits.
 const QOS_SHARED: &[Key] = &[
-    Key {
-        name: "iops-size",
-        value: "BYTES",
-        help: "QoS: a request larger than BYTES counts as its size / BYTES requests in the iops limits (default 0: every request counts as one)",
-        allowed: "a number of bytes up to 1G, with optional K/M/G suffix (0: every request counts as one)",
-        apply: |c, v| {
-            qos(c).iops_size = parse_size(v).filter(|n| *n <= 1 << 30)?;
-            Some(())
-        },
-        show: |c| c.qos.as_ref().map(|q| q.iops_size).filter(|&n| n > 0).map(|n| n.to_string()),
-    },
-    Key {
-        name: "group",
-        value: "NAME",
-        help: "QoS: share the limits, and the budget they allow, with every export of the same throttle group (the exports give the same limits, or only one gives them; default: none)",
-        allowed: "1 to 64 letters, digits, '-', '_' or '.'",
-        apply: |c, v| {
-            qos(c).group = Some(Some(v.to_string()).filter(|_| valid_name(v))?);
-            Some(())
-        },
-        show: |c| c.qos.as_ref().and_then(|q| q.group.clone()),
-    },
+    key!(
+        "iops-size",
+        "BYTES",
+        |c| qos(c).iops_size => |v| parse_size(v).filter(|n| *n <= 1 << 30),
+        |c| c.qos.as_ref().map(|q| q.iops_size).filter(|&n| n > 0).map(|n| n.to_string()),
+        "a number of bytes up to 1G, with optional K/M/G suffix (0: every request counts as one)",
+        "QoS: a request larger than BYTES counts as its size / BYTES requests in the iops limits (default 0: every request counts as one)",
+    ),
+    key!(
+        "group",
+        "NAME",
+        |c| qos(c).group => |v| name(v, valid_name).map(Some),
+        |c| c.qos.as_ref().and_then(|q| q.group.clone()),
+        NAME,
+        "QoS: share the limits, and the budget they allow, with every export of the same throttle group (the exports give the same limits, or only one gives them; default: none)",
+    ),
 ];
 
 /// Every export key, in the order the help and the README list them.

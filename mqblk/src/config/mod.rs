@@ -4,6 +4,7 @@
 //! Every error names the offending key and the values it accepts, because operators and scripts
 //! read these messages.
 
+pub mod file;
 pub mod keys;
 pub mod qos;
 pub mod rbd;
@@ -12,9 +13,9 @@ pub mod values;
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
 use thiserror::Error;
 
+pub use file::{config_toml, parse_config_file, write_atomically};
 pub use qos::QosConfig;
 pub use rbd::RbdConfig;
 pub use tuning::{PollMode, Tuning};
@@ -369,43 +370,6 @@ pub fn parse_export_spec(spec: &str) -> Result<ExportConfig, ConfigError> {
     ExportConfig::from_pairs(pairs)
 }
 
-/// A TOML config file: `[[export]]` tables with the same keys as `--export`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    #[serde(default)]
-    export: Vec<toml::Table>,
-    #[serde(rename = "log-level")]
-    log_level: Option<String>,
-}
-
-/// A TOML value as the string `key=value` would carry (booleans as on/off).
-fn value_str(v: &toml::Value) -> String {
-    match v {
-        toml::Value::String(s) => s.clone(),
-        toml::Value::Boolean(b) => if *b { "on" } else { "off" }.to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// Reads a TOML config file into exports and an optional log level.
-pub fn parse_config_file(text: &str) -> Result<(Vec<ExportConfig>, Option<String>), ConfigError> {
-    let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
-    let mut out = Vec::new();
-    for (i, table) in file.export.iter().enumerate() {
-        let pairs = table.iter().map(|(k, v)| (k.as_str(), value_str(v)));
-        let cfg = ExportConfig::from_pairs(pairs).map_err(|e| ConfigError::InTable {
-            index: i + 1,
-            error: Box::new(match e {
-                ConfigError::UnknownKey(k) => ConfigError::UnknownField(k),
-                e => e,
-            }),
-        })?;
-        out.push(cfg);
-    }
-    Ok((out, file.log_level))
-}
-
 /// Checks a set of exports against each other; `allow_none` when exports can come later
 /// (through the management API).
 pub fn check_exports(exports: &[ExportConfig], allow_none: bool) -> Result<(), ConfigError> {
@@ -685,36 +649,7 @@ mod tests {
     }
 
     #[test]
-    fn toml_file() {
-        let (ex, lvl) = parse_config_file(
-            r#"
-log-level = "debug"
-[[export]]
-socket = "/tmp/a.sock"
-path = "/tmp/a.img"
-queues = 2
-readonly = true
-[[export]]
-socket = "/tmp/b.sock"
-engine = "null"
-size = "1G"
-threads = "per-queue"
-"#,
-        )
-        .unwrap();
-        assert_eq!(lvl.as_deref(), Some("debug"));
-        assert_eq!(ex.len(), 2);
-        assert!(ex[0].readonly);
-        assert_eq!(ex[0].queues, 2);
-        assert_eq!(ex[1].size, Some(1 << 30));
-        let err = parse_config_file("[[export]]\nsocket='x'\nengine='zzz'\nsize='1M'\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("engine=zzz"), "{err}");
-        let err = parse_config_file("[[export]]\nsockett='x'\n")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("sockett"), "{err}");
+    fn no_exports() {
         assert!(check_exports(&[], false).is_err());
         assert!(check_exports(&[], true).is_ok());
     }

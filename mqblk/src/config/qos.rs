@@ -1,7 +1,7 @@
 //! An export's QoS settings: QEMU's throttling limits (`iops-total`, `bps-read-max`, ...),
 //! `iops-size` and the throttle group, with QEMU's rules for which combinations make sense.
 //!
-//! Each limit is a leaky bucket (`io::policy::qos` has the arithmetic): `rate` units per
+//! Each limit is a leaky bucket (`io::qos::buckets` has the arithmetic): `rate` units per
 //! second on average, and optionally bursts at up to `max` per second for `max_length`
 //! seconds. A rate of 0 means no limit.
 
@@ -53,6 +53,32 @@ pub enum Bucket {
     BpsWrite,
 }
 
+/// The name of a limit's rate key, by its [`Bucket`] variant (`limit_key!(IopsTotal)` is
+/// `"iops-total"`); its burst rate's and burst length's keys add `-max` and `-max-length`.
+/// The one place the names are spelled: a macro, so that the key table can also write them
+/// into its help text at compile time.
+macro_rules! limit_key {
+    (IopsTotal) => {
+        "iops-total"
+    };
+    (IopsRead) => {
+        "iops-read"
+    };
+    (IopsWrite) => {
+        "iops-write"
+    };
+    (BpsTotal) => {
+        "bps-total"
+    };
+    (BpsRead) => {
+        "bps-read"
+    };
+    (BpsWrite) => {
+        "bps-write"
+    };
+}
+pub(super) use limit_key;
+
 impl Bucket {
     /// All six, in the order of [`QosConfig::limits`].
     pub const ALL: [Bucket; 6] = [
@@ -64,10 +90,25 @@ impl Bucket {
         Bucket::BpsWrite,
     ];
 
-    /// The keys of this limit: `(rate, burst rate, burst length)` (named in the key table).
-    pub fn keys(self) -> (&'static str, &'static str, &'static str) {
-        let [rate, max, len] = &super::keys::QOS_LIMITS[self as usize];
-        (rate.name, max.name, len.name)
+    /// The keys of this limit: `(rate, burst rate, burst length)`.
+    pub const fn keys(self) -> (&'static str, &'static str, &'static str) {
+        macro_rules! keys {
+            ($bucket:ident) => {
+                (
+                    limit_key!($bucket),
+                    concat!(limit_key!($bucket), "-max"),
+                    concat!(limit_key!($bucket), "-max-length"),
+                )
+            };
+        }
+        match self {
+            Bucket::IopsTotal => keys!(IopsTotal),
+            Bucket::IopsRead => keys!(IopsRead),
+            Bucket::IopsWrite => keys!(IopsWrite),
+            Bucket::BpsTotal => keys!(BpsTotal),
+            Bucket::BpsRead => keys!(BpsRead),
+            Bucket::BpsWrite => keys!(BpsWrite),
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 
 use super::error::Error;
 use super::listener::{self, ListenerState};
+use super::qos::groups::ThrottleGroups;
 use super::qos::ExportQos;
 use crate::api::ExportStatus;
 use crate::config::{ExportConfig, QosConfig};
@@ -32,14 +33,19 @@ pub struct Export {
 
 impl Export {
     /// Opens the storage, starts the I/O threads and begins listening on the export's
-    /// `socket=` path or its `fd=` descriptor.
+    /// `socket=` path or its `fd=` descriptor. The export runs on its own: a throttle group it
+    /// names has no other member (the exports of an [`Exports`](super::Exports) share theirs).
     pub fn start(cfg: ExportConfig) -> Result<Export, Error> {
-        Export::start_activated(cfg, None)
+        Export::start_activated(cfg, None, &Arc::default())
     }
 
     /// [`Export::start`], serving `activated` (a socket handed over by systemd socket
-    /// activation) when the export is not given `fd=` itself.
-    pub fn start_activated(cfg: ExportConfig, activated: Option<RawFd>) -> Result<Export, Error> {
+    /// activation) when the export is not given `fd=` itself, in the throttle groups `groups`.
+    pub fn start_activated(
+        cfg: ExportConfig,
+        activated: Option<RawFd>,
+        groups: &Arc<ThrottleGroups>,
+    ) -> Result<Export, Error> {
         let engine: Arc<dyn Engine> = Arc::from(engine::open(&cfg)?);
         let (listener, socket, bound) = listen(&cfg, activated)?;
         tracing::info!(
@@ -55,7 +61,7 @@ impl Export {
             "export ready"
         );
         let qos = cfg.qos.clone();
-        let (device, qos) = ExportQos::start(qos.as_ref(), |throttle| {
+        let (device, qos) = ExportQos::start(groups, qos.as_ref(), |throttle| {
             Device::new(cfg, engine, throttle)
                 .map(Arc::new)
                 .map_err(|err| Error::Thread {

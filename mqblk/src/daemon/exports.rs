@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::error::Error;
 use super::export::Export;
+use super::qos::groups::ThrottleGroups;
 use crate::api::{Control, ControlError, ExportStatus, RemoveMode};
 use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 
@@ -20,6 +21,8 @@ use crate::config::{self, ConfigError, EngineKind, ExportConfig, QosConfig};
 #[derive(Default)]
 pub struct Exports {
     running: Mutex<Running>,
+    /// The throttle groups its exports share by naming them.
+    groups: Arc<ThrottleGroups>,
     /// Signalled when a reservation is given up or a management request lets go of an
     /// export (see [`Exports::drain`]).
     changed: Condvar,
@@ -81,7 +84,7 @@ impl Exports {
             }
             self.reserve(&mut running, cfg.clone())
         };
-        let export = Export::start_activated(cfg, activated)?;
+        let export = Export::start_activated(cfg, activated, &self.groups)?;
         let status = export.status();
         // The reservation goes in the same step as the export joins the running ones: no
         // other start can take its id or socket in between, and stop_all, which waits for
@@ -380,6 +383,34 @@ mod tests {
         // Nothing is left starting: stop_all does not wait.
         exports.stop_all();
         assert!(exports.statuses().is_empty());
+    }
+
+    #[test]
+    fn throttle_groups_are_the_registry_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec_on = |name: &str, qos: &str| {
+            let sock = dir.path().join(format!("{name}.sock"));
+            spec(&format!(
+                "socket={},engine=null,size=1M,{qos}",
+                sock.display()
+            ))
+        };
+        let (one, other) = (Exports::default(), Exports::default());
+        one.start(spec_on("a", "iops-total=100,group=g")).unwrap();
+        // Another registry's group of the same name is another group.
+        other
+            .start(spec_on("b", "iops-total=200,group=g"))
+            .expect("no conflict with another registry's group");
+        // Within one registry, a member takes the group's limits, or gives the same ones.
+        let e = one
+            .start(spec_on("c", "iops-total=300,group=g"))
+            .unwrap_err();
+        assert!(matches!(e, Error::Qos(_)), "{e}");
+        one.start(spec_on("d", "group=g")).unwrap();
+        let (cfg, _) = one.get("d").unwrap();
+        assert_eq!(cfg.qos.unwrap().iops_total.rate, 100);
+        one.stop_all();
+        other.stop_all();
     }
 
     #[test]

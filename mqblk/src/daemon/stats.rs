@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::export::Export;
-use crate::api::rpc::write_atomically;
+use crate::config::write_atomically;
 use crate::io::IoCounters;
 
 /// How often the stats file is rewritten.

@@ -18,6 +18,12 @@ pub enum Error {
         /// The export's queue-size.
         max: u16,
     },
+    /// The export's queue size, refused by virtio-queue (not a power of two up to 32768).
+    #[error("{0:?}")]
+    QueueSetup(virtio_queue::Error),
+    /// A vring whose size or addresses do not fit guest memory, found as its queue starts.
+    #[error("the frontend gave an invalid ring (size or addresses)")]
+    InvalidRing,
     /// Ring addresses that do not translate into guest memory.
     #[error("ring address {0:#x} is not in any memory region")]
     UnmappedAddress(u64),

@@ -5,6 +5,7 @@ use std::fs::File;
 
 use virtio_queue::{Queue, QueueT};
 
+use super::error::{Error, Result};
 use crate::io::GuestMemory;
 
 /// One vring's setup state.
@@ -38,13 +39,8 @@ impl VringSetup {
     }
 
     /// The queue to run: addresses and indices as set up, validated against guest memory.
-    pub fn queue(
-        &self,
-        max_size: u16,
-        event_idx: bool,
-        mem: &GuestMemory,
-    ) -> Result<Queue, String> {
-        let mut q = Queue::new(max_size).map_err(|e| format!("{e:?}"))?;
+    pub fn queue(&self, max_size: u16, event_idx: bool, mem: &GuestMemory) -> Result<Queue> {
+        let mut q = Queue::new(max_size).map_err(Error::QueueSetup)?;
         q.set_size(self.size);
         q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
         q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
@@ -54,7 +50,7 @@ impl VringSetup {
         q.set_next_used(self.base);
         q.set_ready(true);
         if !q.is_valid(mem) {
-            return Err("the frontend gave an invalid ring (size or addresses)".into());
+            return Err(Error::InvalidRing);
         }
         Ok(q)
     }

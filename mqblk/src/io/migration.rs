@@ -14,7 +14,7 @@ use std::sync::Arc;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use super::dirty_log::{DirtyLog, LOG_PAGE};
-use super::rate_limit::RateLimit;
+use super::log_limit::LogLimiter;
 use super::stats::IoCounters;
 use super::GuestMemory;
 use crate::blk::Segment;
@@ -26,7 +26,7 @@ pub(super) struct DirtyTracking {
     /// By local queue: the guest address at which the used ring's writes are logged
     /// (log_guest_addr of SET_VRING_ADDR), for rings with VHOST_VRING_F_LOG.
     used: Vec<Option<u64>>,
-    warn: RateLimit,
+    warn: LogLimiter,
 }
 
 /// Pages of the range `gpa..gpa + len` (`len` > 0).
@@ -40,7 +40,7 @@ impl DirtyTracking {
         DirtyTracking {
             log: None,
             used: vec![None; queues],
-            warn: RateLimit::new(),
+            warn: LogLimiter::new(),
         }
     }
 

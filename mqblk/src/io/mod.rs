@@ -4,7 +4,7 @@
 //! ```text
 //! kick (multishot poll on the kick eventfd) or a poll of the avail ring
 //!   -> pop avail chains (vq) -> parse + validate (blk::request) -> map to host iovecs (slots)
-//!   -> QoS admission, if the export has limits (admit, throttle, policy::qos)
+//!   -> QoS admission, if the export has limits (qos: admit, buckets, throttle)
 //!   -> merge adjacent requests (policy::merge) -> start on the engine channel (submit)
 //!   -> io_uring_enter: early while the device holds fewer I/Os than are queued, else once
 //!      for the batch (policy::submit, ring)
@@ -13,40 +13,40 @@
 //!   -> adapt the poll window and batch wait (policy)
 //! ```
 //!
-//! The files, one stage each: [`thread`] (the loop only), [`ring`] (io_uring setup, tokens,
-//! accounting, registration), [`vq`] (popping, used entries, notification decisions),
-//! [`slots`] (the slot table and iovec mapping), [`inflight`] (the in-flight region a
-//! restarted backend resubmits from), `submit` (staging, merging, starting I/O), `admit`
-//! (QoS admission: waiting queues and their timer), [`throttle`] (the buckets an export's
-//! threads share),
+//! The files, one stage each: `thread` (the loop only), `ring` (io_uring setup, tokens,
+//! accounting, registration), `vq` (popping, used entries, notification decisions),
+//! [`slots`] (the slot table and iovec mapping), `inflight` (the in-flight region a restarted
+//! backend resubmits from), `submit` (staging, merging, starting I/O), `qos` (admission
+//! through the QoS buckets an export's threads share, and the waiting queues' timer),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
-//! [`stats`] (the counters), [`policy`] (poll window, batch wait, merging, early submission,
-//! QoS buckets), [`dirty_log`] (the frontend's dirty log) and `migration` (marking in it what
-//! the thread writes while the VM migrates).
+//! `stats` (the counters), `policy` (poll window, batch wait, merging, early submission),
+//! `log_limit` (the rate limit on what a guest can make the thread log), [`dirty_log`] (the
+//! frontend's dirty log) and `migration` (marking in it what the thread writes while the VM
+//! migrates). Only `slots` and `dirty_log` are public, for the fuzz targets; the rest is the
+//! crate's, and what the frontend uses of it is re-exported here.
 //!
 //! Nothing here takes a lock shared with another I/O thread or allocates per request once warm,
 //! except, for exports with QoS limits only, the buckets the export's threads share.
 
-mod admit;
 mod complete;
 mod control;
 pub mod dirty_log;
 mod failure;
 #[cfg(debug_assertions)]
 pub mod fault_injection;
-pub mod inflight;
+pub(crate) mod inflight;
+mod log_limit;
 mod migration;
-pub mod policy;
-mod rate_limit;
-pub mod ring;
+mod policy;
+mod qos;
+mod ring;
 pub mod slots;
-pub mod stats;
+pub(crate) mod stats;
 mod submit;
 #[cfg(test)]
 mod tests;
 mod thread;
-pub mod throttle;
-pub mod vq;
+mod vq;
 
 use std::fs::File;
 use std::sync::mpsc::{Sender, SyncSender};
@@ -65,9 +65,9 @@ use inflight::InflightQueue;
 pub use complete::status_of;
 pub use failure::Failure;
 pub use migration::used_ring_len;
+pub use qos::Throttle;
 pub use slots::IOV_MAX;
 pub use stats::{IoCounters, SharedCounters};
-pub use throttle::Throttle;
 
 /// Guest memory as the I/O threads see it.
 pub type GuestMemory = GuestMemoryMmap<()>;

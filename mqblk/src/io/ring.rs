@@ -344,6 +344,7 @@ impl Ring {
     }
 
     /// Whether entries wait to be submitted.
+    #[cfg(test)]
     pub fn has_queued(&self) -> bool {
         self.queued > 0
     }

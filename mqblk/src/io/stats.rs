@@ -79,10 +79,22 @@ macro_rules! counters {
             $( $(#[doc = $doc])+ pub $field: counter_ty!($($ty)?), )+
         }
 
+        /// Each counter's description, its doc comment (without the leading space): what the
+        /// metrics that show a counter give as their help.
+        #[derive(Debug, Clone, Copy)]
+        pub struct CounterHelp {
+            $( $(#[doc = $doc])+ pub $field: &'static str, )+
+        }
+
         impl IoCounters {
+            /// Every counter's description.
+            pub const HELP: CounterHelp = CounterHelp {
+                $( $field: concat!($($doc),+).trim_ascii_start(), )+
+            };
+
             /// Every counter's name and description, in declaration order.
             pub const FIELDS: &'static [(&'static str, &'static str)] =
-                &[$( (stringify!($field), concat!($($doc),+)), )+];
+                &[$( (stringify!($field), Self::HELP.$field), )+];
 
             /// Adds `other` counter by counter.
             pub fn add(&mut self, other: &IoCounters) {
@@ -125,25 +137,25 @@ counters! {
     requests,
     /// Requests that completed with IOERR or UNSUPP, or were returned unanswered.
     errors,
-    /// io_uring_enter calls that carried at least one I/O to the engine.
+    /// io_uring_enter calls that handed at least one I/O to the engine.
     submits,
     /// io_uring_enter calls of any kind (submissions, waits, notification-only submits).
     enters,
     /// Requests handed to the engine.
     submitted,
-    /// Guest notifications sent.
+    /// Notifications sent to the guest (used-buffer interrupts).
     notifies,
     /// Bytes read or written.
     bytes,
     /// Requests folded into another request's host I/O.
     merges,
-    /// Kicks (guest notifications to the backend) received.
+    /// Notifications received from the guest (kicks).
     kicks,
-    /// Polls that found work.
+    /// Busy-poll windows that found work.
     poll_hits,
-    /// Poll windows that expired.
+    /// Busy-poll windows that expired without work.
     poll_misses,
-    /// Times the thread slept in the kernel.
+    /// Times the I/O thread slept in the kernel waiting for work.
     sleeps,
     /// Batch waits under heavy load.
     batch_waits,
@@ -156,16 +168,15 @@ counters! {
     /// Guest pages marked in the frontend's dirty log while it migrates the VM (read data,
     /// status bytes, used rings).
     dirty_pages,
-    /// Pages written that lay beyond the frontend's dirty log (too small a log: the migration
-    /// may not copy them; each is also logged).
+    /// Pages written beyond the frontend's dirty log (a log too small for guest memory): the
+    /// migration may not copy them (each is also logged).
     dirty_log_misses,
-    /// Requests in flight at the engine, integrated over time (request-nanoseconds): its
-    /// increase over an interval, divided by the interval, is the mean number in flight, i.e.
-    /// how full the thread kept the device.
+    /// Requests in flight at the engine, integrated over time: its rate is the mean number in
+    /// flight, i.e. how full the thread kept the device.
     engine_in_flight_ns,
     /// Requests that waited for QoS admission (their export's or group's limits).
     throttled,
-    /// Nanoseconds requests waited for QoS admission, summed over requests.
+    /// Time requests waited for QoS admission, summed over requests.
     throttled_ns,
     /// Guest notifications that published 1 used entry.
     used_per_notify_1,
@@ -179,19 +190,20 @@ counters! {
     used_per_notify_16_31,
     /// Guest notifications that published 32 or more used entries.
     used_per_notify_32_up,
-    /// Requests answered, by type (index: `blk::ReqType`; GET_ID is counted in `requests`
-    /// only).
+    /// Requests answered, by request type (`blk::ReqType`), whatever their status; GET_ID is
+    /// counted in `requests` only.
     op_requests: [u64; ReqType::COUNT],
-    /// Bytes read, written, discarded or zeroed by requests answered OK, by type.
+    /// Bytes read, written, discarded or zeroed by requests answered OK, by request type.
     op_bytes: [u64; ReqType::COUNT],
-    /// Requests answered with an error status, by type (refusals at parse time included once
-    /// the header named the type).
+    /// Requests answered with an error status (IOERR or UNSUPP), by request type; malformed
+    /// ones included once their header named the type.
     op_errors: [u64; ReqType::COUNT],
-    /// Latency of the requests in `op_requests`, summed (nanoseconds): from the loop iteration
-    /// that popped the request to the one that answered it.
+    /// Latency of the requests answered, summed by request type: from the I/O thread's loop
+    /// iteration that took a request off its virtqueue to the one that answered it.
     op_latency_ns: [u64; ReqType::COUNT],
-    /// The same latencies as a histogram per type: bucket i counts those of at most 2^i µs,
-    /// the last bucket the rest.
+    /// Latency of the requests answered, a histogram by request type: from the I/O thread's
+    /// loop iteration that took a request off its virtqueue to the one that answered it;
+    /// bucket i counts those of at most 2^i µs, the last bucket the rest.
     op_latency: [[u64; LATENCY_BUCKETS]; ReqType::COUNT],
 }
 

@@ -14,13 +14,13 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::log_limit::LogLimiter;
 use super::migration::DirtyTracking;
 use super::policy::{BatchPolicy, PollPolicy, Shape};
-use super::rate_limit::RateLimit;
+use super::qos::Throttle;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
 use super::stats::{IoCounters, SharedCounters};
-use super::throttle::Throttle;
 use super::vq::Vq;
 use super::{Command, GuestMemory, IoThreadConfig};
 use crate::blk::{Limits, Scratch, Segment};
@@ -68,7 +68,7 @@ pub(super) struct IoThread {
     pub(super) scratch: Scratch,
     pub(super) segs: Vec<Segment>,
     pub(super) shutdown: bool,
-    pub(super) log: RateLimit,
+    pub(super) log: LogLimiter,
     pub(super) tuning: Tuning,
     pub(super) batch: BatchPolicy,
     poll: PollPolicy,
@@ -135,7 +135,7 @@ impl IoThread {
             serial: cfg.serial,
             writeback: true,
             shutdown: false,
-            log: RateLimit::new(),
+            log: LogLimiter::new(),
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
             tuning: cfg.tuning,

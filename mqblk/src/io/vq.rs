@@ -16,7 +16,7 @@ use std::time::Instant;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 use super::inflight::InflightQueue;
-use super::rate_limit::RateLimit;
+use super::log_limit::LogLimiter;
 use super::slots::SlotId;
 use super::GuestMemory;
 
@@ -98,7 +98,7 @@ impl Vq {
 
     /// The guest broke the ring (`why`): nothing more is taken from this queue until the
     /// frontend restarts it. Other queues go on.
-    pub fn mark_broken(&mut self, why: &str, log: &mut RateLimit) {
+    pub fn mark_broken(&mut self, why: &str, log: &mut LogLimiter) {
         self.broken = true;
         if let Some(d) = log.allow() {
             tracing::error!(

@@ -4,9 +4,8 @@
 pub mod batch;
 pub mod merge;
 pub mod poll;
-pub mod qos;
 pub mod submit;
 
 pub use batch::BatchPolicy;
-pub use merge::{MergeLimits, Shape};
+pub use merge::Shape;
 pub use poll::PollPolicy;

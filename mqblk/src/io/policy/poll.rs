@@ -71,11 +71,6 @@ impl PollPolicy {
         self.window_ns
     }
 
-    /// The mode.
-    pub fn mode(&self) -> PollMode {
-        self.mode
-    }
-
     fn adaptive(&self) -> bool {
         self.mode == PollMode::Adaptive && self.max_ns > 0
     }

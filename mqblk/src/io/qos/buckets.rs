@@ -1,4 +1,4 @@
-//! QoS admission: QEMU's throttling semantics (its `util/throttle.c`), as a pure type on a
+//! The QoS buckets: QEMU's throttling semantics (its `util/throttle.c`), as a pure type on a
 //! clock the caller passes in.
 //!
 //! Each of the six limits (iops and bytes; total, read, write) is a leaky bucket. A request
@@ -217,6 +217,16 @@ mod tests {
         out
     }
 
+    /// Buckets of 100 IOPS with bursts at 1000 IOPS for `max_length` seconds.
+    fn iops_burst(max_length: u64) -> Buckets {
+        let limit = Limit {
+            rate: 100,
+            max: 1000,
+            max_length,
+        };
+        Buckets::new(&cfg(|q| q.iops_total = limit), 0)
+    }
+
     fn count_until(times: &[u64], t: u64) -> usize {
         times.iter().filter(|&&x| x < t).count()
     }
@@ -242,17 +252,7 @@ mod tests {
 
     #[test]
     fn a_burst_runs_at_its_rate_for_its_length_then_the_average() {
-        let mut b = Buckets::new(
-            &cfg(|q| {
-                q.iops_total = Limit {
-                    rate: 100,
-                    max: 1000,
-                    max_length: 10,
-                }
-            }),
-            0,
-        );
-        let t = drive(&mut b, Dir::Write, 4096, 40 * SEC);
+        let t = drive(&mut iops_burst(10), Dir::Write, 4096, 40 * SEC);
         // At 1000/s (plus a tenth of a second's worth at once), not all at once.
         let first = count_until(&t, SEC);
         assert!((1099..=1102).contains(&first), "{first}");
@@ -273,17 +273,7 @@ mod tests {
 
     #[test]
     fn a_one_second_burst_comes_at_once() {
-        let mut b = Buckets::new(
-            &cfg(|q| {
-                q.iops_total = Limit {
-                    rate: 100,
-                    max: 1000,
-                    max_length: 1,
-                }
-            }),
-            0,
-        );
-        let t = drive(&mut b, Dir::Read, 512, 2 * SEC);
+        let t = drive(&mut iops_burst(1), Dir::Read, 512, 2 * SEC);
         assert_eq!(
             count_until(&t, 1),
             1001,
@@ -323,24 +313,19 @@ mod tests {
         let t = drive(&mut b, Dir::Write, 64 << 10, 10 * SEC);
         assert!((161..=163).contains(&t.len()), "{}", t.len());
         // 100 IOPS where a 16 KiB request counts as 4: 25 per second.
-        let mut b = Buckets::new(
-            &cfg(|q| {
-                q.iops_total.rate = 100;
-                q.iops_size = 4096;
-            }),
-            0,
-        );
-        let t = drive(&mut b, Dir::Read, 16 << 10, 10 * SEC);
+        let sized = || {
+            Buckets::new(
+                &cfg(|q| {
+                    q.iops_total.rate = 100;
+                    q.iops_size = 4096;
+                }),
+                0,
+            )
+        };
+        let t = drive(&mut sized(), Dir::Read, 16 << 10, 10 * SEC);
         assert!((251..=254).contains(&t.len()), "{}", t.len());
         // Smaller requests count as one.
-        let mut b = Buckets::new(
-            &cfg(|q| {
-                q.iops_total.rate = 100;
-                q.iops_size = 4096;
-            }),
-            0,
-        );
-        let t = drive(&mut b, Dir::Read, 512, 10 * SEC);
+        let t = drive(&mut sized(), Dir::Read, 512, 10 * SEC);
         assert!((1009..=1012).contains(&t.len()), "{}", t.len());
     }
 

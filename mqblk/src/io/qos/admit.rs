@@ -8,12 +8,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::policy::qos::Dir;
-use super::ring::Token;
-use super::slots::{Slot, SlotId};
-use super::thread::IoThread;
+use super::buckets::Dir;
 use super::throttle::{Throttle, MAX_WAIT};
 use crate::blk::Kind;
+use crate::io::ring::Token;
+use crate::io::slots::{Slot, SlotId};
+use crate::io::thread::IoThread;
 
 /// What the limits count of a request: its direction and bytes. As in QEMU, reads and writes
 /// (write-zeroes included) are limited; flushes, discards and GET_ID are not.
@@ -37,7 +37,7 @@ impl IoThread {
     /// Admits request `id` of queue `local`: true if it may be staged now. Otherwise it waits
     /// behind any request of its queue already waiting, and the queue is not popped until
     /// they have all gone.
-    pub(super) fn admit(&mut self, local: usize, id: SlotId) -> bool {
+    pub(in crate::io) fn admit(&mut self, local: usize, id: SlotId) -> bool {
         let Some(q) = self.queues[local].as_mut() else {
             return true;
         };
@@ -64,7 +64,7 @@ impl IoThread {
     /// arms the timer for the rest. Requests of a queue being stopped, or of a thread that
     /// swaps guest memory, shuts down or lost its limits, go without waiting (as QEMU's drain
     /// does): a stop must not wait for the limits.
-    pub(super) fn admit_waiting(&mut self) {
+    pub(in crate::io) fn admit_waiting(&mut self) {
         self.admission_due = false;
         let now = Instant::now();
         let drain_all = self.throttle.is_none() || self.shutdown || self.pending_mem.is_some();
@@ -110,7 +110,7 @@ impl IoThread {
     }
 
     /// A QoS timer ended: the waiting requests ask again in this loop iteration.
-    pub(super) fn on_qos_timer(&mut self) {
+    pub(in crate::io) fn on_qos_timer(&mut self) {
         self.admission_due = true;
         // An earlier-armed, later-ending timer may still be pending; it only causes one more
         // look when it ends.

@@ -7,7 +7,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::policy::qos::{Buckets, Dir};
+use super::buckets::{Buckets, Dir};
 use crate::config::QosConfig;
 
 /// Shared QoS state: the limits and their buckets.
@@ -58,7 +58,7 @@ impl Throttle {
 
     /// Replaces the limits. As in QEMU, the buckets start empty: the new limits apply from
     /// now, with their own initial allowance. Requests waiting under the old limits retry
-    /// within [`MAX_WAIT`] (their timers are capped at that).
+    /// within `MAX_WAIT` (their timers are capped at that).
     pub fn set_config(&self, cfg: &QosConfig) {
         let cfg = cfg.without_group();
         let now = self.ns(Instant::now());

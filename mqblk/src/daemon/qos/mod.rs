@@ -1,34 +1,21 @@
-//! Which QoS buckets each export's I/O threads admit requests through, and the throttle
-//! groups: exports that share one set of buckets, by name, process-wide (as QEMU's throttle
-//! groups are).
+//! Which QoS buckets each export's I/O threads admit requests through.
 //!
-//! An export without QoS keys has no buckets. One with QoS keys and no group has its own. The
-//! first export of a group brings its limits; later members give the same limits, or only
-//! `group=NAME`. Changing a member's limits at runtime changes the group's (as QEMU's
-//! `block_set_io_throttle` does). The I/O threads of an export are only given buckets that
-//! limit something: without a limit they skip admission altogether.
+//! An export without QoS keys has no buckets. One with QoS keys and no group has its own. One
+//! in a throttle group ([`groups`]) shares the group's: the first export of a group brings its
+//! limits; later members give the same limits, or only `group=NAME`. Changing a member's
+//! limits at runtime changes the group's (as QEMU's `block_set_io_throttle` does). The I/O
+//! threads of an export are only given buckets that limit something: without a limit they
+//! skip admission altogether.
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+pub mod groups;
+
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::error::Error;
 use crate::config::{ConfigError, QosConfig};
 use crate::frontend::Device;
 use crate::io::Throttle;
-
-/// A throttle group: its buckets and the exports that share them.
-struct Group {
-    name: String,
-    throttle: Arc<Throttle>,
-    members: Vec<Weak<Device>>,
-}
-
-/// The groups with at least one running member. Held while an export joins, leaves or
-/// changes its limits, so that every member hears of every change.
-static GROUPS: Mutex<Vec<Group>> = Mutex::new(Vec::new());
-
-fn groups() -> MutexGuard<'static, Vec<Group>> {
-    GROUPS.lock().unwrap_or_else(|e| e.into_inner())
-}
+use groups::ThrottleGroups;
 
 /// Gives the I/O threads of `device` the buckets, if they limit anything.
 fn hand_over(device: &Device, throttle: &Arc<Throttle>) {
@@ -38,6 +25,8 @@ fn hand_over(device: &Device, throttle: &Arc<Throttle>) {
 /// One export's QoS: its settings and its buckets (its own or its group's).
 pub struct ExportQos {
     state: Mutex<Binding>,
+    /// The throttle groups of the registry the export runs in.
+    groups: Arc<ThrottleGroups>,
 }
 
 struct Binding {
@@ -48,31 +37,32 @@ struct Binding {
 }
 
 impl ExportQos {
-    /// Binds a starting export's QoS (`cfg`, already checked) and starts its device with
-    /// `start`, which is handed the buckets its threads admit through.
+    /// Binds a starting export's QoS (`cfg`, already checked), in a group of `groups` if it
+    /// names one, and starts its device with `start`, which is handed the buckets its threads
+    /// admit through.
     pub fn start(
+        groups: &Arc<ThrottleGroups>,
         cfg: Option<&QosConfig>,
         start: impl FnOnce(Option<Arc<Throttle>>) -> Result<Arc<Device>, Error>,
     ) -> Result<(Arc<Device>, ExportQos), Error> {
         let Some(cfg) = cfg else {
             let device = start(None)?;
-            return Ok((device, ExportQos::bound(None, None)));
+            return Ok((device, ExportQos::bound(groups, None, None)));
         };
         let Some(name) = cfg.group.clone() else {
             let throttle = Arc::new(Throttle::new(cfg));
             let device = start(throttle.is_limited().then(|| throttle.clone()))?;
-            return Ok((device, ExportQos::bound(None, Some(throttle))));
+            return Ok((device, ExportQos::bound(groups, None, Some(throttle))));
         };
-        let mut groups = groups();
-        let existing = live_group(&mut groups, &name);
-        let throttle = match existing {
-            Some(g) => {
-                let theirs = g.throttle.config();
-                if cfg.is_limited() && cfg.without_group() != theirs {
+        let mut locked = groups.lock();
+        let throttle = match locked.throttle(&name) {
+            Some(theirs) => {
+                let limits = theirs.config();
+                if cfg.is_limited() && cfg.without_group() != limits {
                     let why = format!(
                         "the group's limits are {}, not {}: give the same ones, or only \
                          group={name} to share them",
-                        theirs.to_spec(),
+                        limits.to_spec(),
                         cfg.without_group().to_spec()
                     );
                     return Err(Error::Qos(ConfigError::Conflict {
@@ -81,18 +71,23 @@ impl ExportQos {
                         why,
                     }));
                 }
-                g.throttle.clone()
+                theirs
             }
             None => Arc::new(Throttle::new(cfg)),
         };
         let device = start(throttle.is_limited().then(|| throttle.clone()))?;
-        join(&mut groups, &name, &throttle, &device);
-        Ok((device, ExportQos::bound(Some(name), Some(throttle))))
+        locked.join(&name, &throttle, &device);
+        Ok((device, ExportQos::bound(groups, Some(name), Some(throttle))))
     }
 
-    fn bound(group: Option<String>, throttle: Option<Arc<Throttle>>) -> ExportQos {
+    fn bound(
+        groups: &Arc<ThrottleGroups>,
+        group: Option<String>,
+        throttle: Option<Arc<Throttle>>,
+    ) -> ExportQos {
         ExportQos {
             state: Mutex::new(Binding { group, throttle }),
+            groups: groups.clone(),
         }
     }
 
@@ -119,17 +114,17 @@ impl ExportQos {
     }
 
     /// Applies new QoS settings to a running export (`device`): new limits take effect at
-    /// once (waiting requests ask the new buckets within `io::throttle::MAX_WAIT`). With a
+    /// once (waiting requests ask the new buckets within `io::qos::throttle::MAX_WAIT`). With a
     /// group, the export joins it; limits given with a group become the group's, for every
     /// member, while only `group=NAME` shares the group's limits. Without a group, the export
     /// leaves any group for buckets of its own.
     pub fn set(&self, device: &Arc<Device>, cfg: &QosConfig) -> Result<(), Error> {
         cfg.check().map_err(Error::Qos)?;
-        let mut groups = groups();
+        let mut groups = self.groups.lock();
         let mut b = self.binding();
         if b.group.is_some() && b.group != cfg.group {
             let old = b.group.take().expect("checked");
-            leave(&mut groups, &old, device);
+            groups.leave(&old, device);
             b.throttle = None;
         }
         match &cfg.group {
@@ -145,16 +140,14 @@ impl ExportQos {
                 b.throttle = Some(throttle);
             }
             Some(name) => {
-                let throttle = match live_group(&mut groups, name) {
-                    Some(g) => g.throttle.clone(),
-                    None => Arc::new(Throttle::new(cfg)),
-                };
-                join(&mut groups, name, &throttle, device);
+                let throttle = groups
+                    .throttle(name)
+                    .unwrap_or_else(|| Arc::new(Throttle::new(cfg)));
+                groups.join(name, &throttle, device);
                 if cfg.is_limited() {
                     throttle.set_config(cfg);
                 }
-                let g = live_group(&mut groups, name).expect("just joined");
-                for member in g.members.iter().filter_map(Weak::upgrade) {
+                for member in groups.members(name) {
                     hand_over(&member, &throttle);
                 }
                 b.group = Some(name.clone());
@@ -167,45 +160,9 @@ impl ExportQos {
     /// Leaves the export's group (before its device stops): no group change reaches its
     /// threads any more.
     pub fn leave(&self, device: &Arc<Device>) {
-        let mut groups = groups();
+        let mut groups = self.groups.lock();
         if let Some(name) = self.binding().group.take() {
-            leave(&mut groups, &name, device);
+            groups.leave(&name, device);
         }
     }
-}
-
-/// The group called `name`, if any member still runs (groups whose members all stopped are
-/// dropped, so a group restarted later begins with its new first member's limits).
-fn live_group<'a>(groups: &'a mut Vec<Group>, name: &str) -> Option<&'a mut Group> {
-    groups.retain_mut(|g| {
-        g.members.retain(|m| m.strong_count() > 0);
-        !g.members.is_empty()
-    });
-    groups.iter_mut().find(|g| g.name == name)
-}
-
-/// Adds `device` to the group `name` (creating it with `throttle`).
-fn join(groups: &mut Vec<Group>, name: &str, throttle: &Arc<Throttle>, device: &Arc<Device>) {
-    let member = Arc::downgrade(device);
-    match live_group(groups, name) {
-        Some(g) => {
-            if !g.members.iter().any(|m| m.ptr_eq(&member)) {
-                g.members.push(member);
-            }
-        }
-        None => groups.push(Group {
-            name: name.to_string(),
-            throttle: throttle.clone(),
-            members: vec![member],
-        }),
-    }
-}
-
-/// Removes `device` from the group `name`.
-fn leave(groups: &mut Vec<Group>, name: &str, device: &Arc<Device>) {
-    let me = Arc::downgrade(device);
-    if let Some(g) = groups.iter_mut().find(|g| g.name == name) {
-        g.members.retain(|m| !m.ptr_eq(&me));
-    }
-    live_group(groups, name);
 }

@@ -4,19 +4,19 @@
 use std::time::Instant;
 
 /// Allows a few log lines per second and counts the rest.
-pub struct RateLimit {
+pub struct LogLimiter {
     window: Instant,
     used: u32,
     dropped: u64,
 }
 
-impl RateLimit {
+impl LogLimiter {
     /// Lines allowed per second.
     const PER_SEC: u32 = 10;
 
-    /// A fresh limit.
+    /// A fresh limiter.
     pub fn new() -> Self {
-        RateLimit {
+        LogLimiter {
             window: Instant::now(),
             used: 0,
             dropped: 0,
@@ -45,8 +45,8 @@ mod tests {
 
     #[test]
     fn ten_per_second_then_counted() {
-        let mut r = RateLimit::new();
-        for _ in 0..RateLimit::PER_SEC {
+        let mut r = LogLimiter::new();
+        for _ in 0..LogLimiter::PER_SEC {
             assert_eq!(r.allow(), Some(0));
         }
         assert_eq!(r.allow(), None);
