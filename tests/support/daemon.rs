@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{fill_pattern, Pattern, Report, Workload};
+use mqblk_client::{fill_pattern, Client, ConnectOptions, Pattern, Report, Workload};
 
 /// Longest a daemon may take to create and listen on its sockets.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -562,6 +562,24 @@ pub fn stats_sync_writes(stats: &Path) -> Result<u64, String> {
     v["exports"][0]["sync_writes"]
         .as_u64()
         .ok_or_else(|| format!("no sync_writes in mqblk's stats file: {text}"))
+}
+
+/// How long a reconnect may be refused: the daemon serves one frontend per socket and closes a
+/// second one at once, and the previous frontend's close can reach it late (another test thread
+/// forking a process holds a copy of that socket until its exec).
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(2);
+
+/// Connects a libblkio client, retrying for up to [`RECONNECT_GRACE`] while the daemon refuses
+/// it as a second frontend.
+pub fn connect_retry(socket: &Path, opts: &ConnectOptions) -> Result<Client, String> {
+    let deadline = Instant::now() + RECONNECT_GRACE;
+    loop {
+        match Client::connect_with(socket, opts) {
+            Ok(c) => return Ok(c),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("connect: {e:#}")),
+        }
+    }
 }
 
 /// How many file descriptors process `pid` has open (0 if it cannot be read).

@@ -1,4 +1,6 @@
-//! A vhost-user frontend for the hostile tests (tests/hostile.rs).
+//! The hand-written vhost-user frontend of the hostile tests (tests/hostile_*.rs), also used
+//! where a test needs what no frontend library sends (tests/crash.rs: the guest's cache mode;
+//! tests/migration_dirty_log.rs: the dirty log).
 //!
 //! Well-formed messages go through the vhost crate's [`Frontend`]; the malformed ones that the
 //! tests exist to send (garbage, out-of-range indices, sizes and addresses, truncated
@@ -24,11 +26,8 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use super::daemon::RECONNECT_GRACE;
 use super::mem::SharedMem;
-
-/// How long a reconnect may be refused because the daemon has not yet seen the previous
-/// frontend's close (see [`Session::negotiate_features`]).
-pub const RECONNECT_GRACE: Duration = Duration::from_secs(2);
 
 /// The protocol version in a message header's flags.
 pub const HDR_VERSION: u32 = 0x1;
@@ -424,6 +423,16 @@ pub fn d(addr: u64, len: u32, flags: u16, next: u16) -> D {
         flags,
         next,
     }
+}
+
+/// The descriptor of a request header at [`HDR_GPA`], chained to descriptor 1.
+pub fn hdr_desc() -> D {
+    d(HDR_GPA, 16, VRING_F_NEXT, 1)
+}
+
+/// The descriptor of a status byte at [`STATUS_GPA`], the end of a chain.
+pub fn status_desc() -> D {
+    d(STATUS_GPA, 1, VRING_F_WRITE, 0)
 }
 
 pub fn desc_bytes(ds: &[D]) -> Vec<u8> {

@@ -5,8 +5,10 @@
 //! - [`ceph`]: a single-node Ceph cluster (one monitor, one memstore OSD) for the rbd tests.
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
-//! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
-//!   and rings.
+//! - [`frontend`]: the hand-written vhost-user frontend of the hostile tests, with hand-written
+//!   guest memory and rings.
+//! - [`hostile`]: the daemon that the hostile tests attack, and a client that must go on being
+//!   served beside them.
 //! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
@@ -14,12 +16,15 @@
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
+//! - [`wait`]: [`wait::wait_until`], waiting for a condition with a deadline instead of a
+//!   fixed sleep.
 #![allow(dead_code)]
 
 pub mod api;
 pub mod ceph;
 pub mod daemon;
 pub mod frontend;
+pub mod hostile;
 pub mod mem;
 pub mod proc;
 pub mod qemu;
@@ -27,3 +32,4 @@ pub mod qmp;
 pub mod raw;
 pub mod rng;
 pub mod systemd;
+pub mod wait;
