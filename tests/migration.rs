@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 
 use mqblk_client::fill_pattern;
 use serde_json::{json, Value};
+use support::console::Sample;
 use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
@@ -263,13 +264,6 @@ struct Vm {
     proc: Proc,
     qmp: Qmp,
     backend: usize,
-}
-
-/// One line of the guest's sampler: "s t=UPTIME inflight=N ios=N".
-#[derive(Clone, Debug)]
-struct Sample {
-    inflight: u64,
-    ios: u64,
 }
 
 /// One test run: the image, the two mqblk, the guest's QEMU (and a destination's during a
@@ -480,14 +474,16 @@ impl Run {
         self.malformed.clear();
         self.kernel.clear();
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
-        for line in text[..complete].lines() {
+        let mut offset = 0;
+        for line in text[..complete].split_inclusive('\n') {
+            let start = offset;
+            offset += line.len();
+            let line = line.trim_end();
             match report_line(line) {
-                Some(r) if r.starts_with("s t=") => {
-                    match (word_value(r, "inflight"), word_value(r, "ios")) {
-                        (Some(inflight), Some(ios)) => self.samples.push(Sample { inflight, ios }),
-                        _ => self.malformed.push(line.to_string()),
-                    }
-                }
+                Some(r) if r.starts_with("s t=") => match Sample::parse(r, start) {
+                    Some(s) => self.samples.push(s),
+                    None => self.malformed.push(line.to_string()),
+                },
                 Some(r) => self.report.push(r.to_string()),
                 None if is_kernel_trouble(line) => self.kernel.push(line.to_string()),
                 None => {}
@@ -773,6 +769,8 @@ impl Run {
             "SIGKILLed {} {when} (guest showed {inflight} in flight)",
             self.backends[b].name
         ));
+        // Dead for a moment, as a crashed backend is before it is restarted: QEMU sees the
+        // connection go and retries it (reconnect-ms=100). Not a wait for anything.
         std::thread::sleep(Duration::from_millis(200));
         let (dir, image) = (self.dir.path.clone(), self.dir.image.clone());
         let skip = self.skip_log;

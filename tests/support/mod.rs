@@ -3,6 +3,7 @@
 //!
 //! - [`api`]: a client of the management API (JSON-RPC on `--api-socket`).
 //! - [`ceph`]: a single-node Ceph cluster (one monitor, one memstore OSD) for the rbd tests.
+//! - [`console`]: a QEMU guest's serial console, watched while the guest runs.
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
 //! - [`frontend`]: the hand-written vhost-user frontend of the hostile tests, with hand-written
@@ -22,6 +23,7 @@
 
 pub mod api;
 pub mod ceph;
+pub mod console;
 pub mod daemon;
 pub mod frontend;
 pub mod hostile;
