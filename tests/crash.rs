@@ -25,6 +25,7 @@ use mqblk_client::{check_pattern, fill_pattern, Client, Pattern, Workload};
 use support::daemon::*;
 use support::frontend::*;
 use support::mem::memfd;
+use support::skip::skip_unless_allowed;
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserInflight, VhostUserProtocolFeatures,
 };
@@ -181,9 +182,16 @@ fn set_config_writeback(conn: &mut Conn, on: bool) {
     .expect("SET_CONFIG");
 }
 
-/// The export's count of write-through writes.
-fn sync_writes(stats: &Path) -> u64 {
-    stats_sync_writes(stats).unwrap()
+/// The export's count of write-through writes, once its stats file counts the `requests` the
+/// test has seen answered.
+fn sync_writes(stats: &Path, requests: u64) -> u64 {
+    let ready = |v: &serde_json::Value| v["exports"][0]["requests"].as_u64() >= Some(requests);
+    let v = stats_when(stats, Duration::from_secs(10), ready).unwrap();
+    assert!(
+        ready(&v),
+        "the stats file did not count the {requests} requests answered: {v}"
+    );
+    export_counter(&v, "sync_writes")
 }
 
 #[test]
@@ -220,7 +228,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     };
 
     write_some(&mut s, 0, 0x11);
-    assert_eq!(sync_writes(&stats), 0, "write-back mode wrote through");
+    assert_eq!(sync_writes(&stats, 4), 0, "write-back mode wrote through");
 
     set_config_writeback(&mut s.conn, false);
     assert_eq!(
@@ -230,7 +238,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     );
     write_some(&mut s, 64, 0x22);
     assert_eq!(
-        sync_writes(&stats),
+        sync_writes(&stats, 8),
         4,
         "write-through mode: every write must carry RWF_DSYNC"
     );
@@ -238,7 +246,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     set_config_writeback(&mut s.conn, true);
     assert_eq!(config_writeback(&mut s.conn), 1);
     write_some(&mut s, 128, 0x33);
-    assert_eq!(sync_writes(&stats), 4, "back in write-back mode");
+    assert_eq!(sync_writes(&stats, 12), 4, "back in write-back mode");
 
     drop(s);
     daemon.terminate();
@@ -294,13 +302,10 @@ fn get_vring_base_writes_back_the_host_cache_of_a_direct_off_export() {
     let daemon = Daemon::start(&dir, &[Export::file(&sock, &img).direct(false)]);
     let image = File::open(&img).unwrap();
     let Some(before) = unwritten_pages(&image) else {
-        // Only by asking: otherwise a machine with an older kernel would pass without a check.
-        assert!(
-            std::env::var_os("MQBLK_TEST_ALLOW_NO_CACHESTAT").is_some(),
-            "this kernel has no cachestat(2) (Linux 6.5) to see dirty pages with; set \
-             MQBLK_TEST_ALLOW_NO_CACHESTAT=1 to skip this test"
+        skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_NO_CACHESTAT",
+            "this kernel has no cachestat(2) (Linux 6.5) to see dirty pages with",
         );
-        eprintln!("SKIPPED (MQBLK_TEST_ALLOW_NO_CACHESTAT): no cachestat(2) on this kernel");
         daemon.terminate();
         return;
     };
@@ -368,7 +373,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     assert_eq!(config_writeback(&mut s.conn), 1);
     set_config_writeback(&mut s.conn, false);
     s.good_write(0, 0, 0x5a);
-    assert_eq!(sync_writes(&stats_a), 1);
+    assert_eq!(sync_writes(&stats_a, 1), 1);
     // The state is in the region, after the queue: magic, saved, write-through.
     let mut state = [0u8; 10];
     use std::os::unix::fs::FileExt;
@@ -396,7 +401,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     );
     s.good_write(0, 8, 0x5a);
     assert_eq!(
-        sync_writes(&stats_b),
+        sync_writes(&stats_b, 1),
         1,
         "the write after the restart was not durable"
     );

@@ -373,10 +373,15 @@ fn malformed_messages_close_only_that_connection() {
     let dir = TestDir::new();
     let (mut daemon, sock, _ro, by_sock, _img) = start_daemon(&dir);
     let by = Bystander::start(by_sock, IMG_SIZE);
-    // Let the bystander connect before counting descriptors.
-    fresh_client_works(&sock).expect("first client");
-    std::thread::sleep(Duration::from_millis(200));
-    let fds_before = fd_count(daemon.pid());
+    // The descriptors are counted with the bystander's connection set up and a probe holding
+    // the hostile export (so that every earlier connection of it has been torn down), before
+    // and after.
+    by.wait_serving();
+    let fds_held = |daemon: &Daemon| {
+        let _probe = probe(&sock, &hostile_client_options());
+        fd_count(daemon.pid())
+    };
+    let fds_before = fds_held(&daemon);
 
     let cases: Vec<(&str, Misbehaviour)> = vec![
         ("garbage bytes", mis_garbage),
@@ -455,9 +460,10 @@ fn malformed_messages_close_only_that_connection() {
     let mut failures = Vec::new();
     for (name, f) in cases {
         let obs = f(&sock);
-        std::thread::sleep(Duration::from_millis(20));
+        // A new client is served only once the daemon has dropped the bad connection.
+        let client = fresh_client_works(&sock);
         assert_alive(&mut daemon, name);
-        match fresh_client_works(&sock) {
+        match client {
             Ok(()) => eprintln!("ok   {name}: {obs}; a new client works"),
             Err(e) => {
                 let line = format!("FAIL {name}: {obs}; a new client: {e}");
@@ -484,8 +490,7 @@ fn malformed_messages_close_only_that_connection() {
     }
     fresh_client_works(&sock).expect("client after the queue-size mismatch");
 
-    std::thread::sleep(Duration::from_millis(200));
-    let fds_after = fd_count(daemon.pid());
+    let fds_after = fds_held(&daemon);
     eprintln!("daemon fds: {fds_before} before, {fds_after} after");
     if fds_after != fds_before {
         failures.push(format!(

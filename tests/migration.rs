@@ -35,11 +35,11 @@
 //! same workload and checks; during the third, the destination's mqblk is SIGKILLed while the
 //! migration is held and restarted, and after it, SIGKILLed again with requests in flight and
 //! restarted: QEMU reconnects and the in-flight region brings the requests back);
-//! `without_dirty_logging_the_check_fails` (ignored; run it by name): the first scenario with
-//! both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`, which makes mqblk acknowledge
-//! logging but mark nothing: the cache check must find stale chunks, which shows that the test
-//! tells a backend that logs from one that does not. Setting that variable for a normal run
-//! makes the first two tests fail the same way.
+//! `without_dirty_logging_the_check_fails` (ignored by `cargo test`; `.ci/run` runs it by
+//! name): the first scenario with both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`,
+//! which makes mqblk acknowledge logging but mark nothing: the cache check must find stale
+//! chunks, which shows that the test tells a backend that logs from one that does not. Setting
+//! that variable for a normal run makes the first two tests fail the same way.
 //!
 //! The tests run one at a time (each runs two QEMUs). Needs what `bash .ci/setup` installs (QEMU,
 //! busybox-static, fio, the guest kernel). `MQBLK_GUEST_SEED=N` fixes the seed;
@@ -126,7 +126,7 @@ fn five_migrations_back_and_forth_with_backend_restarts() {
 
 /// The discrimination check: with mqblk marking nothing, the cache check must fail.
 #[test]
-#[ignore = "shows that the test catches a backend without dirty logging; run it by name"]
+#[ignore = "a third QEMU pair, to show the check catches a backend without dirty logging; .ci/run runs it by name"]
 fn without_dirty_logging_the_check_fails() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut run = Run::start("mqblk-migration-nolog.", true);

@@ -12,12 +12,13 @@ mod support;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::daemon::*;
 use support::frontend::*;
 use support::hostile::*;
 use support::mem::memfd;
+use support::wait::wait_until;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::VhostBackend;
 
@@ -335,21 +336,15 @@ fn dirty_log_abuse_is_refused_and_never_faults() {
     for (name, f, want, want_logged) in cases {
         let log_before = daemon.log().len();
         let obs = f(&sock);
-        std::thread::sleep(Duration::from_millis(20));
+        // A new client is served only once the daemon has dropped the abusing connection.
+        let client = fresh_client_works(&sock);
         assert_alive(&mut daemon, name);
         let ok = obs.starts_with(want);
-        // The daemon logs as it refuses; allow it a moment to reach the file.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let logged = loop {
-            let log = daemon.log();
-            let new = log.get(log_before..).unwrap_or("").to_string();
-            if new.contains(want_logged) || Instant::now() >= deadline {
-                break new;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        // The daemon logs as it refuses; the line may take a moment to reach the file.
+        let new_log = || daemon.log().get(log_before..).unwrap_or("").to_string();
+        wait_until(Duration::from_secs(5), || new_log().contains(want_logged));
+        let logged = new_log();
         let logged_ok = logged.contains(want_logged);
-        let client = fresh_client_works(&sock);
         let line = format!(
             "{} {name}: {obs}; logged {want_logged:?}: {logged_ok}; a new client: {}",
             if ok && logged_ok && client.is_ok() {

@@ -4,7 +4,7 @@
 //! Used by tests/hostile_*.rs and tests/migration_dirty_log.rs.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,17 +13,21 @@ use mqblk_client::{fill_pattern, Client, ConnectOptions};
 
 use super::daemon::*;
 use super::frontend::ANSWER_TIMEOUT;
+use super::wait::wait_until;
 
 /// A libblkio client writing and verifying data on another export until stopped.
 pub struct Bystander {
     stop: Arc<AtomicBool>,
+    /// Requests answered so far.
+    ops: Arc<AtomicU64>,
     thread: Option<JoinHandle<(u64, Vec<String>)>>,
 }
 
 impl Bystander {
     pub fn start(socket: PathBuf, size: u64) -> Bystander {
         let stop = Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
+        let ops_seen = Arc::new(AtomicU64::new(0));
+        let (s2, seen) = (stop.clone(), ops_seen.clone());
         let thread = std::thread::spawn(move || {
             let mut errors = Vec::new();
             let mut c = match Client::connect(&socket, 1) {
@@ -45,6 +49,7 @@ impl Bystander {
                     Err(e) => errors.push(format!("read at {off}: {e}")),
                 }
                 ops += 2;
+                seen.store(ops, Ordering::Relaxed);
                 i += 1;
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -52,8 +57,19 @@ impl Bystander {
         });
         Bystander {
             stop,
+            ops: ops_seen,
             thread: Some(thread),
         }
+    }
+
+    /// Waits (bounded) until the client has been served: from then on its connection is set
+    /// up and steady, and the daemon's descriptors can be counted.
+    pub fn wait_serving(&self) {
+        assert!(
+            wait_until(Duration::from_secs(10), || self.ops.load(Ordering::Relaxed)
+                > 0),
+            "the other export's client was not served within 10 s"
+        );
     }
 
     /// Stops it and asserts that every request succeeded; returns the request count.
@@ -86,12 +102,18 @@ pub fn assert_alive(daemon: &mut Daemon, after: &str) {
     }
 }
 
-/// A fresh libblkio client can connect to `socket` and read.
-pub fn fresh_client_works(socket: &Path) -> Result<(), String> {
-    // The hostile export's queue-size is 64; libblkio asks for 256 unless told.
+/// How a libblkio client connects to the `hostile` export: its queue-size is 64, and libblkio
+/// asks for 256 unless told.
+pub fn hostile_client_options() -> ConnectOptions {
     let mut opts = ConnectOptions::new(1);
     opts.queue_size = Some(64);
-    let mut c = connect_retry(socket, &opts)?;
+    opts
+}
+
+/// A fresh libblkio client can connect to `socket` and read. Once it has, the daemon has torn
+/// down every earlier connection to that export (see `support::daemon::probe`).
+pub fn fresh_client_works(socket: &Path) -> Result<(), String> {
+    let mut c = connect_retry(socket, &hostile_client_options())?;
     c.set_timeout(ANSWER_TIMEOUT);
     c.read_vec(0, 0, 4096)
         .map(|_| ())

@@ -16,6 +16,7 @@
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
+//! - [`skip`]: a test that cannot run here fails, unless the environment allows the skip.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 //! - [`wait`]: [`wait::wait_until`], waiting for a condition with a deadline instead of a
 //!   fixed sleep.
@@ -33,5 +34,6 @@ pub mod qemu;
 pub mod qmp;
 pub mod raw;
 pub mod rng;
+pub mod skip;
 pub mod systemd;
 pub mod wait;
