@@ -447,7 +447,7 @@ fn export_set_qos_limits_a_running_export_and_lifts_the_limit() {
     let r = api.ok("export_set_qos", json!({"id": "q"}));
     assert_eq!(r["qos"], json!({}), "no key: no limit ({r})");
     let free = rate();
-    // Lifted: out of the limit's band (at most 1250 above), and back to the rate without a
+    // Lifted: above the limited run's band (at most 1250), and back to the rate without a
     // limit measured above, within the factor of 4 that other work on a shared 2-CPU machine
     // can cost a 1.5 s run.
     assert!(

@@ -447,6 +447,8 @@ fn osd_outage_gives_errors_then_io_resumes() {
     let mut written = 0u64;
     let stopper = std::thread::scope(|s| {
         let stopper = s.spawn(|| {
+            // Let the client write for a moment first: whenever it comes, the stop falls while
+            // the client writes (nothing waits for it).
             std::thread::sleep(Duration::from_millis(500));
             ceph.stop_osd();
             Instant::now()
