@@ -182,6 +182,12 @@ fn set_config_writeback(conn: &mut Conn, on: bool) {
     .expect("SET_CONFIG");
 }
 
+/// A daemon serving `img` on `sock`, writing its counters to `stats`.
+fn serve_with_stats(dir: &TestDir, sock: &Path, img: &Path, stats: &Path) -> Daemon {
+    let stats = stats.to_str().expect("a UTF-8 path");
+    Daemon::start_args(dir, &[Export::file(sock, img)], &["--stats-file", stats])
+}
+
 /// The export's count of write-through writes, once its stats file counts the `requests` the
 /// test has seen answered.
 fn sync_writes(stats: &Path, requests: u64) -> u64 {
@@ -200,12 +206,7 @@ fn guest_turning_the_write_cache_off_makes_writes_write_through() {
     let img = dir.image("wce.img", SIZE, Some(IMG_SEED));
     let sock = dir.join("wce.sock");
     let stats = dir.join("stats.json");
-    let stats_arg = stats.display().to_string();
-    let daemon = Daemon::start_args(
-        &dir,
-        &[Export::file(&sock, &img)],
-        &["--stats-file", &stats_arg],
-    );
+    let daemon = serve_with_stats(&dir, &sock, &img, &stats);
     let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
     assert_eq!(
         config_writeback(&mut s.conn),
@@ -349,12 +350,7 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     let img = dir.image("wce.img", SIZE, Some(IMG_SEED));
     let sock = dir.join("wce.sock");
     let stats_a = dir.join("stats-a.json");
-    let stats_arg = stats_a.display().to_string();
-    let daemon = Daemon::start_args(
-        &dir,
-        &[Export::file(&sock, &img)],
-        &["--stats-file", &stats_arg],
-    );
+    let daemon = serve_with_stats(&dir, &sock, &img, &stats_a);
 
     // What a reconnecting frontend does: negotiate, hand over the in-flight region, set up.
     let connect = |region: &File| -> Session {
@@ -386,13 +382,8 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
     drop(daemon);
     let dir_b = TestDir::new();
     let stats_b = dir_b.join("stats-b.json");
-    let stats_arg = stats_b.display().to_string();
     let _ = std::fs::remove_file(&sock);
-    let daemon = Daemon::start_args(
-        &dir_b,
-        &[Export::file(&sock, &img)],
-        &["--stats-file", &stats_arg],
-    );
+    let daemon = serve_with_stats(&dir_b, &sock, &img, &stats_b);
     let mut s = connect(&region);
     assert_eq!(
         config_writeback(&mut s.conn),

@@ -420,15 +420,7 @@ fn hostile_chains_get_exact_answers_and_the_queue_keeps_working() {
     // Last: an avail index more than the queue size ahead. The queue stops until it is reset
     // (documented); the daemon stays up and a new connection works.
     s.guest.write(HDR_GPA, &header(T_IN, 8));
-    s.write_descs(
-        0,
-        0,
-        &[
-            hdr_desc(),
-            d(DATA_GPA, 512, VRING_F_WRITE | VRING_F_NEXT, 2),
-            status_desc(),
-        ],
-    );
+    s.write_descs(0, 0, &read_chain(512));
     s.post_raw(0, 0, 100);
     let a = s.wait_used(0, SILENCE);
     eprintln!("avail idx 101 ahead of a 16-entry ring: {a:?}");

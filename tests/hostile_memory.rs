@@ -101,14 +101,7 @@ fn misaligned_ring_addresses_are_refused() {
         g.write(avail, &[0u8; 38]);
         g.write(used, &[0u8; 134]);
         g.write(HDR_GPA, &header(T_IN, 8));
-        g.write(
-            desc,
-            &desc_bytes(&[
-                hdr_desc(),
-                d(DATA_GPA, 512, VRING_F_WRITE | VRING_F_NEXT, 2),
-                status_desc(),
-            ]),
-        );
+        g.write(desc, &desc_bytes(&read_chain(512)));
         let kick = EventFd::new(libc::EFD_CLOEXEC).unwrap();
         let addrs = (ua(&g, desc), ua(&g, used), ua(&g, avail));
         let setup = c.start_vring(0, 16, addrs, None, &kick).map(|()| kick);

@@ -341,15 +341,7 @@ fn mis_close_mid_setup(p: &Path) -> String {
     // vanishes without GET_VRING_BASE.
     let mut s = Session::open(p, 16, Some(IMG_SEED));
     s.guest.write(HDR_GPA, &header(T_IN, 8));
-    s.write_descs(
-        0,
-        0,
-        &[
-            hdr_desc(),
-            d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
-            status_desc(),
-        ],
-    );
+    s.write_descs(0, 0, &read_chain(4096));
     s.post_raw(0, 0, 0);
     drop(s);
     "closed by the frontend with a request posted".into()

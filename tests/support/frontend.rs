@@ -435,6 +435,16 @@ pub fn status_desc() -> D {
     d(STATUS_GPA, 1, VRING_F_WRITE, 0)
 }
 
+/// The chain of a read of `len` bytes into [`DATA_GPA`], at descriptors 0 to 2 (its header at
+/// [`HDR_GPA`] is the caller's to write).
+pub fn read_chain(len: u32) -> [D; 3] {
+    [
+        hdr_desc(),
+        d(DATA_GPA, len, VRING_F_WRITE | VRING_F_NEXT, 2),
+        status_desc(),
+    ]
+}
+
 pub fn desc_bytes(ds: &[D]) -> Vec<u8> {
     let mut v = Vec::with_capacity(16 * ds.len());
     for x in ds {
@@ -693,14 +703,7 @@ impl Session {
         self.guest.write(HDR_GPA, &header(T_IN, 8));
         self.guest.write(STATUS_GPA, &[0xee]);
         self.guest.write(DATA_GPA, &[CANARY; 4096]);
-        let a = self.submit(
-            q,
-            &[
-                d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
-                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-            ],
-        );
+        let a = self.submit(q, &read_chain(4096));
         if a != Answer::Used(0, 4097) {
             return Err(format!("good read answered {a:?}, expected Used(0, 4097)"));
         }
