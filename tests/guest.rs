@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::daemon::{stats_sync_writes, write_image, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
+use support::daemon::{stats_when, write_image, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
     failure_list, log_section, mqblk_serve, park_miller, read_lossy, report_line, result_failure,
@@ -289,11 +289,15 @@ fn check_write_through(console: &str, stats: &Path) -> Vec<String> {
     if !console.contains("MQBLK-GUEST: write-through t=") {
         return vec!["the guest did not switch the disk to write-through (see its report)".into()];
     }
-    match stats_sync_writes(stats) {
-        Ok(n) if n >= 64 => vec![],
+    // The counter only grows: wait (bounded) for the stats file to show all 64.
+    let counted = |v: &serde_json::Value| v["exports"][0]["sync_writes"].as_u64();
+    match stats_when(stats, Duration::from_secs(10), |v| counted(v) >= Some(64))
+        .map(|v| counted(&v))
+    {
+        Ok(Some(n)) if n >= 64 => vec![],
         Ok(n) => vec![format!(
-            "after the guest chose write-through, mqblk wrote only {n} requests with RWF_DSYNC \
-             (expected at least 64)"
+            "after the guest chose write-through, mqblk wrote only {n:?} requests with \
+             RWF_DSYNC (expected at least 64)"
         )],
         Err(e) => vec![e],
     }

@@ -57,11 +57,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use support::console::{Sample, Watch};
 use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
-    failure_list, is_kernel_trouble, log_section, md5_hex, mqblk_serve, read_lossy, report_line,
-    result_failure, seed_from_env, tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
+    failure_list, log_section, md5_hex, mqblk_serve, read_lossy, result_failure, seed_from_env,
+    tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
 };
 use support::rng::XorShift;
 
@@ -139,7 +140,7 @@ fn guest_survives_backend_sigkill_and_restart() {
         run.fail(&[e]);
     }
     let qemu = run.start_qemu(&boot);
-    let mut watch = Watch::new(qemu, &run.dir.console);
+    let mut watch = Watch::new(qemu, &run.dir.console, STALL_TIMEOUT, GUEST_TIMEOUT);
 
     // The kills.
     // The kill schedule, reproducible from the seed.
@@ -232,11 +233,11 @@ fn kill_and_restart(
         watch.samples.last().map_or(0, |s| s.ios)
     ));
     if kills == 0 {
-        watch.sleep(CONTROL_RUN)?;
+        watch.run_for(CONTROL_RUN)?;
     }
     for n in 1..=kills {
         let gap = Duration::from_millis(rng.range(KILL_GAP_MS));
-        watch.sleep(gap)?;
+        watch.run_for(gap)?;
         if watch.find("workload-done").is_some() {
             return Err(format!(
                 "the guest's workload ended ({:.1} s after it started) before kill {n}, without \
@@ -266,7 +267,7 @@ fn kill_and_restart(
             let after = Duration::from_millis(rng.range(BURST_KILL_MS));
             run.signal_backend(libc::SIGSTOP)?;
             watch.event(format!("kill {n}: SIGSTOP {}", run.backend_name()));
-            watch.sleep(stop)?;
+            watch.run_for(stop)?;
             run.signal_backend(libc::SIGCONT)?;
             std::thread::sleep(after);
             format!(
@@ -297,7 +298,7 @@ fn kill_and_restart(
             run.backend_name(),
             before.as_ref().map_or("none".into(), |s| s.to_string())
         ));
-        watch.sleep(down)?;
+        watch.run_for(down)?;
         run.start_backend();
         watch.event(format!("restart {n}: started {}", run.backend_name()));
         run.wait_for_socket()?;
@@ -338,217 +339,6 @@ struct Kill {
     /// Console length at the kill and at the reconnect.
     console_at: usize,
     console_reconnected: Option<usize>,
-}
-
-/// One line of the guest's sampler: "s t=UPTIME inflight=N ios=N".
-#[derive(Clone, Debug)]
-struct Sample {
-    t: String,
-    inflight: u64,
-    ios: u64,
-    /// Where the line starts in the console.
-    offset: usize,
-}
-
-impl std::fmt::Display for Sample {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "guest t={} inflight={} ios={}",
-            self.t, self.inflight, self.ios
-        )
-    }
-}
-
-/// QEMU and its console: polled for the guest's lines, for a stall, for kernel errors.
-struct Watch {
-    qemu: Proc,
-    console_path: PathBuf,
-    started: Instant,
-    console: String,
-    /// Length of the console's complete lines parsed so far.
-    parsed: usize,
-    /// The guest's report lines: (offset in the console, text after the marker).
-    report: Vec<(usize, String)>,
-    samples: Vec<Sample>,
-    /// When `ios` last changed, and its value.
-    progress: (Instant, u64),
-    /// Timeline, for the report.
-    events: Vec<(Duration, String)>,
-}
-
-impl Watch {
-    fn new(qemu: Proc, console: &Path) -> Self {
-        Watch {
-            qemu,
-            console_path: console.to_path_buf(),
-            started: Instant::now(),
-            console: String::new(),
-            parsed: 0,
-            report: Vec::new(),
-            samples: Vec::new(),
-            progress: (Instant::now(), 0),
-            events: Vec::new(),
-        }
-    }
-
-    fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    fn event(&mut self, what: String) {
-        self.events.push((self.elapsed(), what));
-    }
-
-    /// Re-reads the console and parses the complete lines that are new.
-    fn refresh(&mut self) {
-        let text = read_lossy(&self.console_path);
-        if text.len() <= self.console.len() {
-            return;
-        }
-        self.console = text;
-        let complete = self.console.rfind('\n').map_or(0, |i| i + 1);
-        let mut offset = self.parsed;
-        for line in self.console[self.parsed..complete].split_inclusive('\n') {
-            let start = offset;
-            offset += line.len();
-            let Some(text) = report_line(line).map(str::to_string) else {
-                continue;
-            };
-            if let Some(s) = parse_sample(&text, start) {
-                if s.ios != self.progress.1 {
-                    self.progress = (Instant::now(), s.ios);
-                }
-                self.samples.push(s);
-            } else {
-                self.report.push((start, text));
-            }
-        }
-        self.parsed = complete;
-    }
-
-    /// The first report line starting with `prefix`, with its offset.
-    fn find(&self, prefix: &str) -> Option<(usize, &str)> {
-        self.report
-            .iter()
-            .find(|(_, l)| l.starts_with(prefix))
-            .map(|(o, l)| (*o, l.as_str()))
-    }
-
-    /// `key=value` of the first report line starting with `prefix`.
-    fn value(&self, prefix: &str, key: &str) -> Option<u64> {
-        let (_, line) = self.find(prefix)?;
-        word_value(line, key)
-    }
-
-    fn result(&self) -> Option<&str> {
-        self.report
-            .iter()
-            .find_map(|(_, l)| l.strip_prefix("RESULT "))
-    }
-
-    /// Kernel messages on the console that mean trouble.
-    fn kernel_trouble(&self) -> Vec<&str> {
-        self.console
-            .lines()
-            .filter(|l| is_kernel_trouble(l))
-            .collect()
-    }
-
-    /// Checks QEMU, the guest's progress and its kernel; Err describes what went wrong.
-    fn check(&mut self) -> Result<(), String> {
-        self.refresh();
-        if let Some(line) = self.kernel_trouble().first().map(|l| l.to_string()) {
-            // Let the guest print the rest of the message.
-            std::thread::sleep(Duration::from_millis(500));
-            self.refresh();
-            return Err(format!("the guest kernel reported: {line}"));
-        }
-        if let Some(r) = self.result() {
-            if r != "PASS" {
-                return Err(format!("the guest reported: RESULT {r}"));
-            }
-        }
-        match self.qemu.try_wait() {
-            Ok(Some(status)) => {
-                self.refresh();
-                if self.result().is_some() {
-                    return Ok(());
-                }
-                return Err(format!(
-                    "QEMU exited ({status}) without the guest's RESULT line"
-                ));
-            }
-            Ok(None) => {}
-            Err(e) => return Err(format!("waiting for QEMU: {e}")),
-        }
-        if let Some(last) = self.samples.last() {
-            let still = self.progress.0.elapsed();
-            if last.inflight > 0 && still >= STALL_TIMEOUT {
-                return Err(format!(
-                    "the guest hangs: {} requests in flight and none completed for {:.0} s \
-                     (ios stuck at {}; last sample: {last})",
-                    last.inflight,
-                    still.as_secs_f64(),
-                    last.ios
-                ));
-            }
-        }
-        if self.elapsed() >= GUEST_TIMEOUT {
-            return Err(format!("the guest did not finish within {GUEST_TIMEOUT:?}"));
-        }
-        Ok(())
-    }
-
-    /// Polls until `done` gives Some; Err on trouble or after `timeout` (named `what`).
-    fn wait_for<T>(
-        &mut self,
-        timeout: Duration,
-        what: &str,
-        mut done: impl FnMut(&Self) -> Option<T>,
-    ) -> Result<T, String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.check()?;
-            if let Some(v) = done(self) {
-                return Ok(v);
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("timed out after {timeout:?} waiting for {what}"));
-            }
-            std::thread::sleep(POLL);
-        }
-    }
-
-    /// Sleeps `d`, checking on the guest meanwhile.
-    fn sleep(&mut self, d: Duration) -> Result<(), String> {
-        let end = Instant::now() + d;
-        loop {
-            self.check()?;
-            if self.result().is_some() {
-                return Err("the guest finished before the kills were done".into());
-            }
-            let now = Instant::now();
-            if now >= end {
-                return Ok(());
-            }
-            std::thread::sleep(POLL.min(end - now));
-        }
-    }
-}
-
-fn parse_sample(text: &str, offset: usize) -> Option<Sample> {
-    let rest = text.strip_prefix("s ")?;
-    let t = rest
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("t="))?
-        .to_string();
-    Some(Sample {
-        t,
-        inflight: word_value(rest, "inflight")?,
-        ios: word_value(rest, "ios")?,
-        offset,
-    })
 }
 
 /// Checks the guest's report after RESULT PASS; returns what is wrong.

@@ -5,13 +5,15 @@
 //! removed and added back.
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::api::Api;
 use support::daemon::*;
 use support::frontend::Session;
+use support::hostile::Bystander;
 use support::metrics::{http_get, metrics_addr};
+use support::wait::wait_until;
 
 const IMG_SIZE: u64 = 8 * MIB;
 
@@ -49,13 +51,8 @@ fn a_panicking_io_thread_fails_only_its_export() {
     let metrics = metrics_addr(&daemon);
 
     // Another tenant verifies its data before, during and after.
-    let bystander = std::thread::spawn({
-        let b = b.clone();
-        move || {
-            let w = verify_workload(&b, 1, 1, 4000, 7);
-            mqblk_client::run(&w).map_err(|e| format!("{e:#}"))
-        }
-    });
+    let bystander = Bystander::start(b.clone(), IMG_SIZE);
+    bystander.wait_serving();
 
     let mut s = Session::open(&a, 64, None);
     s.good_write(0, 0, 0x5a);
@@ -69,18 +66,14 @@ fn a_panicking_io_thread_fails_only_its_export() {
         s.conn.closed_by_peer(Duration::from_secs(10)),
         "the frontend of an export whose I/O thread died stayed connected"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let failure = loop {
-        let st = export_status(&mut api, "a");
-        if let Some(f) = st["failure"].as_str() {
-            break f.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "export a never reported failed: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut failure = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let st = export_status(&mut api, "a");
+            st["failure"].as_str().map(|f| failure = f.into()).is_some()
+        }),
+        "export a never reported failed"
+    );
     assert!(
         failure.contains("mqblk-io1-a") && failure.contains("injected fault"),
         "{failure}"
@@ -98,11 +91,7 @@ fn a_panicking_io_thread_fails_only_its_export() {
     let refused = Session::negotiate(&a);
     assert!(refused.is_err(), "a failed export accepted a frontend");
 
-    let report = bystander
-        .join()
-        .unwrap()
-        .expect("the other export's workload");
-    assert!(report.clean() && report.verified_bytes > 0, "{report}");
+    bystander.wait_served_more(20);
     assert!(daemon.has_exited().is_none(), "{}", daemon.log());
 
     // Removed and added again, it serves.
@@ -116,5 +105,6 @@ fn a_panicking_io_thread_fails_only_its_export() {
     w.queue_size = Some(64);
     let r = mqblk_client::run(&w).expect("workload on a");
     assert!(r.clean() && r.verified_bytes > 0, "{r}");
+    bystander.finish();
     daemon.stop();
 }

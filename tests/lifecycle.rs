@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use mqblk_client::Client;
 use support::daemon::*;
+use support::proc::tasks;
+use support::wait::wait_until;
 
 /// While one frontend is connected, a second one is turned away at once (not left hanging in
 /// the listen backlog), and the first keeps working.
@@ -76,7 +78,20 @@ fn an_idle_connected_guest_costs_no_cpu() {
             c.read_vec((i % 2) as usize, (i % 1024) * 4096, 4096)
                 .expect("read");
         }
-        std::thread::sleep(Duration::from_millis(300));
+        // Measured from when every I/O thread sleeps: its poll window after the last request
+        // has run out.
+        let io_threads_asleep = || {
+            let io: Vec<_> = tasks(d.pid())
+                .into_iter()
+                .filter(|t| t.name.starts_with("mqblk-io"))
+                .collect();
+            !io.is_empty() && io.iter().all(|t| t.state == 'S')
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), io_threads_asleep),
+            "poll={poll}: the I/O threads did not go to sleep with the guest idle: {:?}",
+            tasks(d.pid())
+        );
         let before = cpu_ticks(d.pid());
         std::thread::sleep(Duration::from_secs(2));
         let used = cpu_ticks(d.pid()) - before;

@@ -10,6 +10,7 @@ use mqblk::daemon::Export;
 use mqblk::io::IoCounters as Totals;
 use mqblk_client::{self as client, Pattern, Report, Workload};
 use support::daemon::TestDir;
+use support::wait::wait_until;
 
 /// The export's I/O threads' counters, summed.
 fn totals(e: &Export) -> Totals {
@@ -44,9 +45,18 @@ fn serve_and_run_timed(opts: &str, mut w: Workload) -> (Report, Totals, Duration
     let started = Instant::now();
     let r = client::run(&w).expect("workload");
     let took = started.elapsed();
-    // Counters are published once per worker loop iteration: give the last one a moment.
-    std::thread::sleep(Duration::from_millis(50));
+    // Counters are published once per worker loop iteration, so the last requests' may come
+    // a moment after the client saw them answered: wait until they count every one.
+    wait_until(Duration::from_secs(10), || {
+        totals(&export).requests >= r.ios
+    });
     let t = totals(&export);
+    assert!(
+        t.requests >= r.ios,
+        "the export's counters show {} requests, the client saw {} answered",
+        t.requests,
+        r.ios
+    );
     export.shutdown();
     (r, t, took)
 }

@@ -35,11 +35,11 @@
 //! same workload and checks; during the third, the destination's mqblk is SIGKILLed while the
 //! migration is held and restarted, and after it, SIGKILLed again with requests in flight and
 //! restarted: QEMU reconnects and the in-flight region brings the requests back);
-//! `without_dirty_logging_the_check_fails` (ignored; run it by name): the first scenario with
-//! both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`, which makes mqblk acknowledge
-//! logging but mark nothing: the cache check must find stale chunks, which shows that the test
-//! tells a backend that logs from one that does not. Setting that variable for a normal run
-//! makes the first two tests fail the same way.
+//! `without_dirty_logging_the_check_fails` (ignored by `cargo test`; `.ci/run` runs it by
+//! name): the first scenario with both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`,
+//! which makes mqblk acknowledge logging but mark nothing: the cache check must find stale
+//! chunks, which shows that the test tells a backend that logs from one that does not. Setting
+//! that variable for a normal run makes the first two tests fail the same way.
 //!
 //! The tests run one at a time (each runs two QEMUs). Needs what `bash .ci/setup` installs (QEMU,
 //! busybox-static, fio, the guest kernel). `MQBLK_GUEST_SEED=N` fixes the seed;
@@ -56,6 +56,7 @@ use std::time::{Duration, Instant};
 
 use mqblk_client::fill_pattern;
 use serde_json::{json, Value};
+use support::console::Sample;
 use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
@@ -125,7 +126,7 @@ fn five_migrations_back_and_forth_with_backend_restarts() {
 
 /// The discrimination check: with mqblk marking nothing, the cache check must fail.
 #[test]
-#[ignore = "shows that the test catches a backend without dirty logging; run it by name"]
+#[ignore = "a third QEMU pair, to show the check catches a backend without dirty logging; .ci/run runs it by name"]
 fn without_dirty_logging_the_check_fails() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut run = Run::start("mqblk-migration-nolog.", true);
@@ -263,13 +264,6 @@ struct Vm {
     proc: Proc,
     qmp: Qmp,
     backend: usize,
-}
-
-/// One line of the guest's sampler: "s t=UPTIME inflight=N ios=N".
-#[derive(Clone, Debug)]
-struct Sample {
-    inflight: u64,
-    ios: u64,
 }
 
 /// One test run: the image, the two mqblk, the guest's QEMU (and a destination's during a
@@ -480,14 +474,16 @@ impl Run {
         self.malformed.clear();
         self.kernel.clear();
         let complete = text.rfind('\n').map_or(0, |i| i + 1);
-        for line in text[..complete].lines() {
+        let mut offset = 0;
+        for line in text[..complete].split_inclusive('\n') {
+            let start = offset;
+            offset += line.len();
+            let line = line.trim_end();
             match report_line(line) {
-                Some(r) if r.starts_with("s t=") => {
-                    match (word_value(r, "inflight"), word_value(r, "ios")) {
-                        (Some(inflight), Some(ios)) => self.samples.push(Sample { inflight, ios }),
-                        _ => self.malformed.push(line.to_string()),
-                    }
-                }
+                Some(r) if r.starts_with("s t=") => match Sample::parse(r, start) {
+                    Some(s) => self.samples.push(s),
+                    None => self.malformed.push(line.to_string()),
+                },
                 Some(r) => self.report.push(r.to_string()),
                 None if is_kernel_trouble(line) => self.kernel.push(line.to_string()),
                 None => {}
@@ -773,6 +769,8 @@ impl Run {
             "SIGKILLed {} {when} (guest showed {inflight} in flight)",
             self.backends[b].name
         ));
+        // Dead for a moment, as a crashed backend is before it is restarted: QEMU sees the
+        // connection go and retries it (reconnect-ms=100). Not a wait for anything.
         std::thread::sleep(Duration::from_millis(200));
         let (dir, image) = (self.dir.path.clone(), self.dir.image.clone());
         let skip = self.skip_log;

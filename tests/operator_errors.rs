@@ -2,17 +2,20 @@
 //! stderr and a non-zero exit; a full disk fails only the writes that hit it (IOERR) while the
 //! daemon goes on serving and exits 0 on SIGTERM.
 //!
-//! Some cases need root (they mount a tmpfs or ramfs, or drop privileges with setpriv); without
-//! it they print `SKIP` with the reason and pass.
+//! Some cases need root (they mount a tmpfs or ramfs) or, run as root, setpriv (to drop
+//! privileges); where they cannot run they fail, unless `MQBLK_TEST_ALLOW_NO_MOUNT=1` or
+//! `MQBLK_TEST_ALLOW_NO_SETPRIV=1` says that skipping them is expected: then they print
+//! `SKIPPED` with the reason.
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mqblk_client::{fill_pattern, Client};
+use mqblk_client::{fill_pattern, Client, ConnectOptions};
 use support::daemon::*;
+use support::skip::skip_unless_allowed;
 
 /// How long `mqblk serve` may take to refuse bad input.
 const START: Duration = Duration::from_secs(10);
@@ -394,7 +397,10 @@ fn unusable_images_and_sockets_are_refused_clearly() {
             "chmod 000 image (daemon run as nobody)",
         );
     } else {
-        eprintln!("SKIP chmod 000 image: running as root and setpriv is missing");
+        skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_NO_SETPRIV",
+            "chmod 000 image: running as root, and setpriv is missing to drop privileges",
+        );
     }
 
     // A read-only filesystem: a writable export cannot open its image for writing.
@@ -531,8 +537,8 @@ struct Mount {
 }
 
 impl Mount {
-    /// Mounts `fstype` with `opts` on a new directory in `dir`; `None` (after printing SKIP)
-    /// where mounting is not allowed.
+    /// Mounts `fstype` with `opts` on a new directory in `dir`; `None` where mounting is not
+    /// allowed and skipping is (see [`skip_unless_allowed`]).
     fn new(dir: &TestDir, name: &str, fstype: &str, opts: &str) -> Option<Mount> {
         let path = dir.join(name);
         std::fs::create_dir_all(&path).unwrap();
@@ -542,20 +548,16 @@ impl Mount {
             cmd.args(["-o", opts]);
         }
         cmd.arg(fstype).arg(&path);
-        match cmd.output() {
-            Ok(o) if o.status.success() => Some(Mount { path }),
-            Ok(o) => {
-                eprintln!(
-                    "SKIP mounting {fstype} (needs root): {}",
-                    String::from_utf8_lossy(&o.stderr).trim()
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("SKIP mounting {fstype}: {e}");
-                None
-            }
-        }
+        let why = match cmd.output() {
+            Ok(o) if o.status.success() => return Some(Mount { path }),
+            Ok(o) => format!(
+                "cannot mount {fstype} (mounting needs root): {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            Err(e) => format!("cannot run mount for {fstype}: {e}"),
+        };
+        skip_unless_allowed("MQBLK_TEST_ALLOW_NO_MOUNT", &why);
+        None
     }
 
     fn path(&self) -> &Path {
@@ -584,7 +586,7 @@ impl Drop for Mount {
 fn full_disk_fails_writes_with_ioerr_and_the_daemon_goes_on() {
     let dir = TestDir::new();
     let Some(m) = Mount::new(&dir, "small", "tmpfs", "size=4m") else {
-        return;
+        return; // reported as SKIPPED by Mount::new
     };
     // 16 MiB sparse image on a 4 MiB filesystem.
     let img = m.path().join("sparse.img");
@@ -640,16 +642,9 @@ fn full_disk_fails_writes_with_ioerr_and_the_daemon_goes_on() {
         .expect("overwrite of allocated blocks on a full disk");
     drop(c);
     drop(o);
-    // A new connection works too. (Retried briefly: the daemon serves one frontend per socket,
-    // and the previous client's close can reach it late while another test thread forks.)
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut c = loop {
-        match Client::connect(&sock, 1) {
-            Ok(c) => break c,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => panic!("reconnect after the disk filled: {e:#}"),
-        }
-    };
+    // A new connection works too.
+    let mut c = connect_retry(&sock, &ConnectOptions::new(1))
+        .unwrap_or_else(|e| panic!("reconnect after the disk filled: {e}"));
     c.read_vec(0, 0, 4096).expect("read on the new connection");
     drop(c);
     assert!(

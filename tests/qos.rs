@@ -4,8 +4,8 @@
 //!
 //! The exports use the null engine, so that the device is never the limit. Rates are measured
 //! by the libblkio client (whole runs) or by sampling the export's own request counter while
-//! the client runs (for what happens when). The tests measure rates, so they run one at a
-//! time.
+//! the client runs (for what happens when), over the time that actually passed between two
+//! samples. The tests measure rates, so they run one at a time.
 mod support;
 
 use std::path::Path;
@@ -16,7 +16,8 @@ use mqblk::api::Control;
 use mqblk::config::{parse_export_spec, ExportConfig, QosConfig};
 use mqblk::daemon::{Export, Exports};
 use mqblk_client::{self as client, Pattern, Report, Workload};
-use support::daemon::{Daemon, Export as Spec, TestDir};
+use support::daemon::{export_counter, stats_when, Daemon, Export as Spec, TestDir};
+use support::proc::tasks;
 
 /// Held by each test: rates measured while another test loads the CPUs mean little.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -78,12 +79,29 @@ fn start_client(e: &Export, w: Workload) -> (Instant, std::thread::JoinHandle<Re
     (Instant::now(), h)
 }
 
-/// Sleeps until `t`, then reads the export's completed requests.
-fn completed_at(e: &Export, t: Instant) -> u64 {
+/// A reading of the export's completed requests: the count and when it was read.
+#[derive(Clone, Copy)]
+struct Reading {
+    completed: u64,
+    at: Instant,
+}
+
+/// Sleeps until `t`, then reads the export's completed requests. On a busy machine the read
+/// may come later than `t`: rates are computed from the time it came ([`per_second`]).
+fn completed_at(e: &Export, t: Instant) -> Reading {
     if let Some(d) = t.checked_duration_since(Instant::now()) {
         std::thread::sleep(d);
     }
-    completed(e)
+    Reading {
+        completed: completed(e),
+        at: Instant::now(),
+    }
+}
+
+/// Requests completed per second between two readings, over the time that actually passed
+/// between them.
+fn per_second(from: Reading, to: Reading) -> f64 {
+    (to.completed - from.completed) as f64 / (to.at - from.at).as_secs_f64()
 }
 
 fn within(value: f64, target: f64, tolerance: f64) -> bool {
@@ -92,27 +110,11 @@ fn within(value: f64, target: f64, tolerance: f64) -> bool {
 
 /// CPU seconds used so far by the threads of `pid` whose name starts with `prefix`.
 fn thread_cpu(pid: u32, prefix: &str) -> f64 {
-    let ticks = 100.0; // USER_HZ
-    let mut total = 0.0;
-    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let Ok(comm) = std::fs::read_to_string(e.path().join("comm")) else {
-            continue;
-        };
-        if !comm.trim().starts_with(prefix) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // Fields after the parenthesised name: state is field 3; utime and stime are 14, 15.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split(' ').collect();
-        total += (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / ticks;
-    }
-    total
+    tasks(pid)
+        .iter()
+        .filter(|t| t.name.starts_with(prefix))
+        .map(|t| t.cpu_secs)
+        .sum()
 }
 
 #[test]
@@ -139,13 +141,20 @@ fn a_limited_export_delivers_its_iops_within_5_percent() {
         "{iops:.0} IOPS with iops-total=4000 over {:?}",
         r.elapsed
     );
-    // The waits were counted, and they were waits: about 64 requests always waiting.
-    std::thread::sleep(Duration::from_millis(300));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    // The waits were counted, and they were waits: about 64 requests always waiting. Read
+    // once the stats file counts every request the client saw answered.
+    let v = stats_when(&stats, Duration::from_secs(10), |v| {
+        v["exports"][0]["requests"].as_u64() >= Some(r.ios)
+    })
+    .unwrap();
     let e = &v["exports"][0];
-    let throttled = e["throttled"].as_u64().unwrap();
-    let waited = e["throttled_ns"].as_u64().unwrap() as f64 / 1e9;
+    assert!(
+        export_counter(&v, "requests") >= r.ios,
+        "the stats file did not count the client's {} requests: {e}",
+        r.ios
+    );
+    let throttled = export_counter(&v, "throttled");
+    let waited = export_counter(&v, "throttled_ns") as f64 / 1e9;
     assert!(throttled > r.ios / 2, "{e}");
     assert!(waited > 5.0, "{e}");
     daemon.terminate();
@@ -164,23 +173,42 @@ fn a_burst_allows_its_extra_for_its_length() {
         "iops-total=1000,iops-total-max=3000,iops-total-max-length=2",
     );
     let sock = dir.join("burst.sock");
-    let (t0, client) = start_client(&e, randread(&sock, 1, 5.2));
+    // The client runs well past the last reading, so that a reading the machine delays still
+    // falls while it runs.
+    let runtime = 6.5;
+    let (t0, client) = start_client(&e, randread(&sock, 1, runtime));
     let at = |s: f64| completed_at(&e, t0 + Duration::from_secs_f64(s));
-    let (c05, c2, c35, c5) = (at(0.5), at(2.0), at(3.5), at(5.0));
+    let (r05, r2, r35, r5) = (at(0.5), at(2.0), at(3.5), at(5.0));
     let report = client.join().unwrap();
-    let burst = (c2 - c05) as f64 / 1.5;
-    let after = (c5 - c35) as f64 / 1.5;
-    let extra = c5 as f64 - 5.0 * 1000.0;
+    // Each window must lie in its phase (the burst until 3 s, the average after it, the client
+    // running) for its rate to mean anything; a reading delayed by more than about a second
+    // would break that.
+    let since = |r: Reading| (r.at - t0).as_secs_f64();
+    assert!(
+        since(r2) < 2.9 && since(r35) > 3.1 && since(r5) < runtime - 0.2,
+        "readings at {:.2}, {:.2}, {:.2} and {:.2} s: the machine was too busy to sample the \
+         phases",
+        since(r05),
+        since(r2),
+        since(r35),
+        since(r5)
+    );
+    let burst = per_second(r05, r2);
+    let after = per_second(r35, r5);
+    // What came through by the last reading beyond the average over the time that passed.
+    let extra = r5.completed as f64 - since(r5) * 1000.0;
     eprintln!(
         "burst {burst:.0}/s (limit 3000), after it {after:.0}/s (limit 1000), \
-         extra {extra:.0} (configured 6000); client {:.0} IOPS",
+         extra {extra:.0} (configured 6000) in {:.2} s; client {:.0} IOPS",
+        since(r5),
         report.iops()
     );
     assert!(within(burst, 3000.0, 0.1), "the burst ran at {burst:.0}/s");
     assert!(within(after, 1000.0, 0.1), "after the burst: {after:.0}/s");
     assert!(
         within(extra, 6000.0, 0.05),
-        "{extra:.0} more than the average in 5 s"
+        "{extra:.0} more than the average in {:.2} s",
+        since(r5)
     );
     e.shutdown();
 }
@@ -193,7 +221,12 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
     // build) then takes little of the 2 CPUs the unlimited export's two threads keep busy.
     let limited = null_spec(&dir, "lim", 1).set("iops-total", "1000");
     let free = null_spec(&dir, "free", 1);
-    let daemon = Daemon::start(&dir, &[limited.clone(), free.clone()]);
+    let stats = dir.join("stats.json");
+    let daemon = Daemon::start_args(
+        &dir,
+        &[limited.clone(), free.clone()],
+        &["--stats-file", stats.to_str().unwrap()],
+    );
     // Short runs, several of each, best of each kind: the rate of a short run on a small
     // machine shared with other work varies by a third, and the best run is the one nothing
     // else disturbed.
@@ -206,9 +239,20 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
     // The limited export's client keeps 32 requests waiting for admission throughout.
     let cpu0 = thread_cpu(daemon.pid(), "mqblk-io0-lim");
     let sock = limited.socket.clone();
-    let busy = std::thread::spawn(move || run(&randread(&sock, 1, 2.2)));
-    std::thread::sleep(Duration::from_millis(200));
+    let busy = std::thread::spawn(move || run(&randread(&sock, 1, 3.0)));
+    let waiting = stats_when(&stats, Duration::from_secs(10), |v| {
+        v["exports"][0]["throttled"].as_u64() > Some(0)
+    })
+    .unwrap();
+    assert!(
+        export_counter(&waiting, "throttled") > 0,
+        "the limited export's client never waited for admission: {waiting}"
+    );
     let beside = best(3);
+    assert!(
+        !busy.is_finished(),
+        "the limited export's client ended before the unlimited one was measured beside it"
+    );
     let lim = busy.join().unwrap();
     let cpu = thread_cpu(daemon.pid(), "mqblk-io0-lim") - cpu0;
     let alone = before.max(best(2));
@@ -294,40 +338,59 @@ fn a_limit_changed_at_runtime_takes_effect_within_a_second() {
     // Started without QoS keys: the I/O threads have no buckets at all.
     let e = null_export(&dir, "rt", "queues=1");
     let sock = dir.join("rt.sock");
-    let (t0, client) = start_client(&e, randread(&sock, 1, 5.6));
-    let t = |s: f64| t0 + Duration::from_secs_f64(s);
-    let rate = |from: u64, to: u64, secs: f64| (to - from) as f64 / secs;
+    // The client runs past the last window even when the machine delays the readings.
+    let runtime = 8.5;
+    let (t0, client) = start_client(&e, randread(&sock, 1, runtime));
     let iops = |n: u64| {
         let mut q = QosConfig::default();
         q.iops_total.rate = n;
         q
     };
-    let (u0, u1) = (completed_at(&e, t(0.2)), completed_at(&e, t(1.0)));
-    e.set_qos(iops(1000)).unwrap();
-    let (a0, a1) = (completed_at(&e, t(2.0)), completed_at(&e, t(2.5)));
-    e.set_qos(iops(4000)).unwrap();
-    let (b0, b1) = (completed_at(&e, t(3.5)), completed_at(&e, t(4.0)));
-    e.set_qos(QosConfig::default()).unwrap();
-    let (c0, c1) = (completed_at(&e, t(5.0)), completed_at(&e, t(5.5)));
+    // The rate over a second from `from` on (from its reading on, if that came late): long
+    // enough that a moment in which other work on the machine holds up the client costs the
+    // rate little.
+    let window = |from: Instant| {
+        let start = completed_at(&e, from);
+        let end = completed_at(&e, start.at + Duration::from_secs(1));
+        (per_second(start, end), end.at)
+    };
+    // Changes the limit; the rate in the window from 1 s after the change was made.
+    let after_change = |q: QosConfig| {
+        e.set_qos(q).unwrap();
+        window(Instant::now() + Duration::from_secs(1))
+    };
+    let (free, _) = window(t0 + Duration::from_millis(200));
+    let (low, _) = after_change(iops(1000));
+    let (high, _) = after_change(iops(4000));
+    let (lifted, last) = after_change(QosConfig::default());
+    let client_running = last < t0 + Duration::from_secs_f64(runtime - 0.2);
     client.join().unwrap();
-    let (free, low, high, lifted) = (
-        rate(u0, u1, 0.8),
-        rate(a0, a1, 0.5),
-        rate(b0, b1, 0.5),
-        rate(c0, c1, 0.5),
-    );
     eprintln!(
         "unlimited {free:.0}/s; 1 s after iops-total=1000: {low:.0}/s; 1 s after \
          iops-total=4000: {high:.0}/s; 1 s after lifting it: {lifted:.0}/s"
+    );
+    assert!(
+        client_running,
+        "the last window ended {:.2} s after the client started, past its {runtime} s: the \
+         machine was too busy to sample",
+        (last - t0).as_secs_f64()
     );
     assert!(within(low, 1000.0, 0.1), "{low:.0}/s with iops-total=1000");
     assert!(
         within(high, 4000.0, 0.1),
         "{high:.0}/s with iops-total=4000"
     );
+    // Unlimited, the export must run well above the highest limit, or the rates above could be
+    // the machine's and not the limits'. Lifted, it must leave the 4000/s limit's band and come
+    // back to the unlimited rate measured in this test, within a factor of 4 for what other work
+    // on a shared 2-CPU machine can cost a window (2.2 once here).
     assert!(
-        free > 8000.0 && lifted > 8000.0,
-        "unlimited: {free:.0}/s before, {lifted:.0}/s after"
+        free > 2.0 * 4000.0,
+        "unlimited, the export ran at only {free:.0}/s: too slow to show a 4000/s limit"
+    );
+    assert!(
+        lifted > 1.1 * 4000.0 && lifted > free / 4.0,
+        "unlimited: {free:.0}/s before, {lifted:.0}/s after the limit was lifted"
     );
     // An invalid change is refused, names the key, and changes nothing.
     let mut bad = iops(100);

@@ -21,9 +21,10 @@ use mqblk_client::{run, Client, RequestError};
 use support::api::{daemon_with_api, Api};
 use support::ceph::Ceph;
 use support::daemon::*;
-use support::proc::Proc;
+use support::proc::{tasks, Proc};
 use support::qemu::{report_line, result_failure, word_value, GuestBoot, Qemu, WorkDir};
 use support::raw::raw_write;
+use support::wait::wait_until;
 
 const BS: usize = 4096;
 /// The images the tests create (mqblk creates them with `size=`).
@@ -387,7 +388,18 @@ fn stopped_monitor_fails_start_within_the_timeout() {
             (r, t.elapsed())
         })
     };
-    std::thread::sleep(Duration::from_secs(1));
+    // The add is under way once librados runs in the daemon (its messenger threads, which the
+    // null export beside it does not start).
+    let connecting = || {
+        tasks(d.pid())
+            .iter()
+            .any(|t| t.name.starts_with("msgr-worker"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), connecting),
+        "export_add did not start connecting to Ceph: {:?}",
+        tasks(d.pid())
+    );
     let t = Instant::now();
     let list = api.ok("export_list", serde_json::json!({}));
     let answered = t.elapsed();
@@ -435,6 +447,8 @@ fn osd_outage_gives_errors_then_io_resumes() {
     let mut written = 0u64;
     let stopper = std::thread::scope(|s| {
         let stopper = s.spawn(|| {
+            // Let the client write for a moment first: whenever it comes, the stop falls while
+            // the client writes (nothing waits for it).
             std::thread::sleep(Duration::from_millis(500));
             ceph.stop_osd();
             Instant::now()

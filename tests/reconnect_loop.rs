@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Instant;
 
-use mqblk_client::{fill_pattern, Client};
+use mqblk_client::{fill_pattern, Client, ConnectOptions};
 use support::daemon::*;
 
 /// What /proc says about a process.
@@ -87,15 +87,18 @@ fn reconnect_loop_leaks_no_descriptors_or_memory() {
     for i in 0..warmup {
         refused += cycle(&sock, i);
     }
-    // The daemon tears a connection down after the client has gone: let it finish.
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let warm = usage(pid);
+    // The daemon tears a connection down after the client has gone: read its usage while a
+    // probe holds the export, which it accepts only once the last connection is torn down.
+    let measure = || {
+        let _probe = probe(&sock, &ConnectOptions::new(2));
+        usage(pid)
+    };
+    let warm = measure();
     let t1 = Instant::now();
     for i in warmup..cycles {
         refused += cycle(&sock, i);
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let end = usage(pid);
+    let end = measure();
     let per_cycle = t1.elapsed() / (cycles - warmup) as u32;
     eprintln!(
         "{cycles} cycles in {:.1} s ({per_cycle:?} per cycle, {refused} connection attempts refused first)\n  at start:        {start:?}\n  after {warmup}:       {warm:?}\n  after {cycles}:      {end:?}",

@@ -4,86 +4,26 @@
 //! daemon and every tenant's export with it. mqblk seals what it can against shrinking and
 //! guards what it cannot (mqblk/src/shm): the truncating frontend loses its connection, the
 //! daemon and its other exports go on. Each test runs a libblkio client verifying its data on a
-//! second export throughout, and then shows that the truncating frontend's export serves a new
+//! second export throughout (support::hostile::Bystander), and then shows that the truncating frontend's export serves a new
 //! connection.
 mod support;
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::daemon::*;
 use support::frontend::*;
+use support::hostile::Bystander;
 use support::mem::{memfd, sealable_memfd, SharedMem};
+use support::wait::wait_until;
 use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 
 const IMG_SIZE: u64 = 8 * MIB;
 /// What the daemon logs when it contained a truncation.
 const CONTAINED: &str = "the frontend truncated a file it shared while it was mapped";
-
-/// Verified libblkio workloads on another export, one after another, until stopped.
-struct Bystander {
-    stop: Arc<AtomicBool>,
-    /// Workloads verified so far.
-    runs: Arc<AtomicU64>,
-    thread: Option<JoinHandle<Result<u64, String>>>,
-}
-
-impl Bystander {
-    fn start(socket: PathBuf) -> Bystander {
-        let stop = Arc::new(AtomicBool::new(false));
-        let runs = Arc::new(AtomicU64::new(0));
-        let (until, done) = (stop.clone(), runs.clone());
-        let thread = std::thread::spawn(move || {
-            let mut verified = 0;
-            let mut seed = 1;
-            while !until.load(Ordering::Relaxed) {
-                let w = verify_workload(&socket, 1, 1, 64, seed);
-                let r = mqblk_client::run(&w).map_err(|e| format!("run: {e:#}"))?;
-                if !r.clean() || r.verified_bytes == 0 {
-                    return Err(format!("run {seed}: {r}"));
-                }
-                verified += r.verified_bytes;
-                seed += 1;
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(verified)
-        });
-        Bystander {
-            stop,
-            runs,
-            thread: Some(thread),
-        }
-    }
-
-    /// Lets it verify two more workloads (so that it served after whatever came before), stops
-    /// it; every run must have verified.
-    fn finish(mut self) -> u64 {
-        let target = self.runs.load(Ordering::Relaxed) + 2;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.runs.load(Ordering::Relaxed) < target
-            && !self.thread.as_ref().unwrap().is_finished()
-        {
-            assert!(Instant::now() < deadline, "the other export stalled");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.stop.store(true, Ordering::Relaxed);
-        let r = self
-            .thread
-            .take()
-            .unwrap()
-            .join()
-            .expect("bystander panicked");
-        let verified = r.unwrap_or_else(|e| panic!("the other export failed: {e}"));
-        assert!(verified > 0, "the other export verified nothing");
-        verified
-    }
-}
 
 fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf) {
     let img = dir.image("victim.img", IMG_SIZE, None);
@@ -124,20 +64,17 @@ fn kick(s: &Session) {
 }
 
 fn wait_for_log(daemon: &mut Daemon, text: &str, within: Duration) {
-    let deadline = Instant::now() + within;
-    while !daemon.log().contains(text) {
-        assert!(
-            daemon.has_exited().is_none(),
-            "the daemon died:\n{}",
-            daemon.log()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no '{text}' in the log within {within:?}:\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let found = wait_until(within, || daemon.log().contains(text));
+    assert!(
+        daemon.has_exited().is_none(),
+        "the daemon died:\n{}",
+        daemon.log()
+    );
+    assert!(
+        found,
+        "no '{text}' in the log within {within:?}:\n{}",
+        daemon.log()
+    );
 }
 
 /// After a contained fault: the daemon lives, and the export serves a new frontend.
@@ -165,7 +102,8 @@ fn truncate(f: &impl AsRawFd) -> std::io::Result<()> {
 fn truncated_guest_memory_ends_only_its_own_connection() {
     let dir = TestDir::new();
     let (mut daemon, victim, other) = start_daemon(&dir);
-    let bystander = Bystander::start(other);
+    let bystander = Bystander::start(other, IMG_SIZE);
+    bystander.wait_serving();
 
     // The hand-written frontend's guest memory is a memfd without MFD_ALLOW_SEALING: the
     // daemon cannot seal it, so it guards its mapping.
@@ -188,6 +126,7 @@ fn truncated_guest_memory_ends_only_its_own_connection() {
     std::mem::forget(s); // its mapping faults now: leave it mapped, never read
 
     export_serves_again(&mut daemon, &victim);
+    bystander.wait_served_more(20);
     bystander.finish();
     daemon.stop();
 }
@@ -196,7 +135,8 @@ fn truncated_guest_memory_ends_only_its_own_connection() {
 fn a_truncated_inflight_region_ends_only_its_own_connection() {
     let dir = TestDir::new();
     let (mut daemon, victim, other) = start_daemon(&dir);
-    let bystander = Bystander::start(other);
+    let bystander = Bystander::start(other, IMG_SIZE);
+    bystander.wait_serving();
 
     let (mut conn, _) = Session::negotiate_with(&victim, VhostUserProtocolFeatures::INFLIGHT_SHMFD)
         .expect("negotiation");
@@ -226,6 +166,7 @@ fn a_truncated_inflight_region_ends_only_its_own_connection() {
     );
 
     export_serves_again(&mut daemon, &victim);
+    bystander.wait_served_more(20);
     bystander.finish();
     daemon.stop();
 }

@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use mqblk_client::{self as client, Pattern, Workload};
+use mqblk_client::{self as client, ConnectOptions, Pattern, Workload};
 use support::daemon::*;
 
 const SIZE: u64 = 32 << 20;
@@ -44,9 +44,18 @@ fn soak_mixed_workload_with_concurrent_reconnects() {
         let r = client::run(&w).expect("warm-up");
         assert!(r.clean(), "{r}");
     }
-    // Let the warm-up clients' disconnects be processed before taking the baseline.
-    std::thread::sleep(Duration::from_millis(300));
-    let (fds0, rss0) = (fd_count(pid), rss_anon_kib(pid));
+    // The baseline: read while a probe holds each export, so every earlier connection has been
+    // torn down (see `probe`); the end is read the same way.
+    let measure = || {
+        let probes: Vec<_> = exports
+            .iter()
+            .map(|e| probe(&e.socket, &ConnectOptions::new(1)))
+            .collect();
+        let m = (fd_count(pid), rss_anon_kib(pid));
+        drop(probes);
+        m
+    };
+    let (fds0, rss0) = measure();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let threads: Vec<_> = exports
         .iter()
@@ -99,9 +108,7 @@ fn soak_mixed_workload_with_concurrent_reconnects() {
         total_rounds += r;
         total_ios += n;
     }
-    // Let the last disconnects be processed.
-    std::thread::sleep(Duration::from_millis(300));
-    let (fds1, rss1) = (fd_count(pid), rss_anon_kib(pid));
+    let (fds1, rss1) = measure();
     eprintln!(
         "soak: {secs} s, {total_rounds} connections, {total_ios} I/Os, 0 errors; fds {fds0} -> {fds1}, RssAnon {rss0} -> {rss1} KiB"
     );

@@ -16,6 +16,7 @@ use mqblk_client::Client;
 use support::daemon::*;
 use support::proc::Proc;
 use support::systemd::{activated_mqblk, pass_fds, NotifySocket};
+use support::wait::wait_until;
 
 /// `mqblk serve` with `args`, reporting to `notify`, and none of systemd's other variables
 /// that the test's own environment might carry.
@@ -194,7 +195,10 @@ fn a_socket_activated_export_serves_and_its_socket_outlives_a_restart() {
             .and_then(|mut c| c.read_vec(0, 0, want.len()).map_err(|e| e.to_string()));
         tx.send(r.map(|got| got == want)).ok();
     });
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        wait_until(Duration::from_secs(10), || connections_waiting(&path) == 1),
+        "the frontend did not connect to the socket while no daemon ran"
+    );
     let dir2 = TestDir::new();
     let d = start(&mut notify, &dir2);
     let verified = rx

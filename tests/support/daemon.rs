@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mqblk_client::{fill_pattern, Pattern, Report, Workload};
+use mqblk_client::{fill_pattern, Client, ConnectOptions, Pattern, Report, Workload};
 
 /// Longest a daemon may take to create and listen on its sockets.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -550,18 +550,51 @@ impl Drop for Daemon {
     }
 }
 
-/// The first export's count of write-through writes (`sync_writes`), from the daemon's
-/// `--stats-file`. The file is rewritten every 100 ms: this waits 300 ms first, so that what the
-/// test did just before is counted.
-pub fn stats_sync_writes(stats: &Path) -> Result<u64, String> {
-    std::thread::sleep(Duration::from_millis(300));
-    let text = std::fs::read_to_string(stats)
-        .map_err(|e| format!("reading mqblk's stats file {}: {e}", stats.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("mqblk's stats file: {e}: {text}"))?;
-    v["exports"][0]["sync_writes"]
+/// The daemon's `--stats-file` once `ready` holds for it, or as last read when `timeout` has
+/// passed without that (the caller's assertions then say what is missing). The daemon rewrites
+/// the file every 100 ms from counters its I/O threads publish once per loop iteration, so a
+/// test waits for the file to count what it did (e.g. `requests` at least the requests it saw
+/// answered) before it reads other counters. An error if the file never parsed.
+pub fn stats_when(
+    stats: &Path,
+    timeout: Duration,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value, String> {
+    let mut last = Err(format!("mqblk's stats file {}: not read", stats.display()));
+    super::wait::wait_until(timeout, || {
+        last = std::fs::read_to_string(stats)
+            .map_err(|e| format!("reading mqblk's stats file {}: {e}", stats.display()))
+            .and_then(|text| {
+                serde_json::from_str(&text).map_err(|e| format!("mqblk's stats file: {e}: {text}"))
+            });
+        last.as_ref().is_ok_and(&ready)
+    });
+    last
+}
+
+/// A counter of the first export in a stats file read by [`stats_when`].
+pub fn export_counter(stats: &serde_json::Value, name: &str) -> u64 {
+    stats["exports"][0][name]
         .as_u64()
-        .ok_or_else(|| format!("no sync_writes in mqblk's stats file: {text}"))
+        .unwrap_or_else(|| panic!("no counter {name} in mqblk's stats file: {stats}"))
+}
+
+/// How long a reconnect may be refused: the daemon serves one frontend per socket and closes a
+/// second one at once, and the previous frontend's close can reach it late (another test thread
+/// forking a process holds a copy of that socket until its exec).
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(2);
+
+/// Connects a libblkio client, retrying for up to [`RECONNECT_GRACE`] while the daemon refuses
+/// it as a second frontend.
+pub fn connect_retry(socket: &Path, opts: &ConnectOptions) -> Result<Client, String> {
+    let deadline = Instant::now() + RECONNECT_GRACE;
+    loop {
+        match Client::connect_with(socket, opts) {
+            Ok(c) => return Ok(c),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("connect: {e:#}")),
+        }
+    }
 }
 
 /// How many file descriptors process `pid` has open (0 if it cannot be read).
@@ -571,24 +604,57 @@ pub fn fd_count(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// Whether a unix socket bound at `path` is listening (per /proc/net/unix: flag __SO_ACCEPTCON).
-/// Checked instead of connecting so that the daemon never sees a stray connection. Panics if
-/// the table cannot be read: a check that cannot tell must not pass.
-pub fn is_listening(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_else(|e| {
-        panic!(
-            "cannot read /proc/net/unix to tell whether {} listens: {e}",
-            path.display()
-        )
-    });
+/// A libblkio client of `socket` that has been served one read. Once it has, every earlier
+/// connection of that export has been torn down (drained, its memory and descriptors let go):
+/// the daemon serves one frontend per socket and accepts the next only after that. A test that
+/// compares the daemon's descriptors or memory before and after some connections reads them
+/// while a probe holds each export, instead of some guessed time after the last client left.
+pub fn probe(socket: &Path, opts: &ConnectOptions) -> Client {
+    let mut c = connect_retry(socket, opts)
+        .unwrap_or_else(|e| panic!("probe of {}: {e}", socket.display()));
+    c.read_vec(0, 0, 4096)
+        .unwrap_or_else(|e| panic!("probe of {}: read: {e}", socket.display()));
+    c
+}
+
+/// The unix sockets bound to `path`, from /proc/net/unix: (flags, state) of each. Read instead
+/// of connecting, so that the daemon never sees a stray connection. Panics if the table cannot
+/// be read: a check that cannot tell must not pass.
+fn unix_sockets(path: &Path) -> Vec<(u32, u8)> {
+    let table = std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_else(|e| panic!("cannot read /proc/net/unix for {}: {e}", path.display()));
     let want = path.to_string_lossy();
-    table.lines().skip(1).any(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // Num RefCount Protocol Flags Type St Inode Path
-        f.len() >= 8
-            && f[7] == want
-            && u32::from_str_radix(f[3], 16).is_ok_and(|flags| flags & 0x10000 != 0)
-    })
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            // Num RefCount Protocol Flags Type St Inode Path
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 || f[7] != want {
+                return None;
+            }
+            Some((
+                u32::from_str_radix(f[3], 16).ok()?,
+                u8::from_str_radix(f[5], 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Whether a unix socket bound at `path` is listening (flag __SO_ACCEPTCON).
+pub fn is_listening(path: &Path) -> bool {
+    unix_sockets(path)
+        .iter()
+        .any(|&(flags, _)| flags & 0x10000 != 0)
+}
+
+/// Connections to the socket at `path` that wait in its backlog, not yet accepted (state
+/// SS_CONNECTING: the kernel lists them under the listener's path until they are accepted).
+pub fn connections_waiting(path: &Path) -> usize {
+    unix_sockets(path)
+        .iter()
+        .filter(|&&(flags, state)| flags & 0x10000 == 0 && state == 2)
+        .count()
 }
 
 /// Opens the image for host-side writes while the daemon is stopped (e.g. to corrupt it).

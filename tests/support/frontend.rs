@@ -1,4 +1,6 @@
-//! A vhost-user frontend for the hostile tests (tests/hostile.rs).
+//! The hand-written vhost-user frontend of the hostile tests (tests/hostile_*.rs), also used
+//! where a test needs what no frontend library sends (tests/crash.rs: the guest's cache mode;
+//! tests/migration_dirty_log.rs: the dirty log).
 //!
 //! Well-formed messages go through the vhost crate's [`Frontend`]; the malformed ones that the
 //! tests exist to send (garbage, out-of-range indices, sizes and addresses, truncated
@@ -24,11 +26,8 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use super::daemon::RECONNECT_GRACE;
 use super::mem::SharedMem;
-
-/// How long a reconnect may be refused because the daemon has not yet seen the previous
-/// frontend's close (see [`Session::negotiate_features`]).
-pub const RECONNECT_GRACE: Duration = Duration::from_secs(2);
 
 /// The protocol version in a message header's flags.
 pub const HDR_VERSION: u32 = 0x1;
@@ -432,6 +431,26 @@ pub fn d(addr: u64, len: u32, flags: u16, next: u16) -> D {
     }
 }
 
+/// The descriptor of a request header at [`HDR_GPA`], chained to descriptor 1.
+pub fn hdr_desc() -> D {
+    d(HDR_GPA, 16, VRING_F_NEXT, 1)
+}
+
+/// The descriptor of a status byte at [`STATUS_GPA`], the end of a chain.
+pub fn status_desc() -> D {
+    d(STATUS_GPA, 1, VRING_F_WRITE, 0)
+}
+
+/// The chain of a read of `len` bytes into [`DATA_GPA`], at descriptors 0 to 2 (its header at
+/// [`HDR_GPA`] is the caller's to write).
+pub fn read_chain(len: u32) -> [D; 3] {
+    [
+        hdr_desc(),
+        d(DATA_GPA, len, VRING_F_WRITE | VRING_F_NEXT, 2),
+        status_desc(),
+    ]
+}
+
 pub fn desc_bytes(ds: &[D]) -> Vec<u8> {
     let mut v = Vec::with_capacity(16 * ds.len());
     for x in ds {
@@ -690,14 +709,7 @@ impl Session {
         self.guest.write(HDR_GPA, &header(T_IN, 8));
         self.guest.write(STATUS_GPA, &[0xee]);
         self.guest.write(DATA_GPA, &[CANARY; 4096]);
-        let a = self.submit(
-            q,
-            &[
-                d(HDR_GPA, 16, VRING_F_NEXT, 1),
-                d(DATA_GPA, 4096, VRING_F_WRITE | VRING_F_NEXT, 2),
-                d(STATUS_GPA, 1, VRING_F_WRITE, 0),
-            ],
-        );
+        let a = self.submit(q, &read_chain(4096));
         if a != Answer::Used(0, 4097) {
             return Err(format!("good read answered {a:?}, expected Used(0, 4097)"));
         }

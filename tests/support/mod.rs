@@ -3,10 +3,13 @@
 //!
 //! - [`api`]: a client of the management API (JSON-RPC on `--api-socket`).
 //! - [`ceph`]: a single-node Ceph cluster (one monitor, one memstore OSD) for the rbd tests.
+//! - [`console`]: a QEMU guest's serial console, watched while the guest runs.
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
-//! - [`frontend`]: the vhost-user frontend of the hostile tests, with hand-written guest memory
-//!   and rings.
+//! - [`frontend`]: the hand-written vhost-user frontend of the hostile tests, with hand-written
+//!   guest memory and rings.
+//! - [`hostile`]: the daemon that the hostile tests attack, and a client that must go on being
+//!   served beside them.
 //! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
 //! - [`metrics`]: the `--metrics` endpoint's address (from the log) and an HTTP GET.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
@@ -14,13 +17,18 @@
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
+//! - [`skip`]: a test that cannot run here fails, unless the environment allows the skip.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
+//! - [`wait`]: [`wait::wait_until`], waiting for a condition with a deadline instead of a
+//!   fixed sleep.
 #![allow(dead_code)]
 
 pub mod api;
 pub mod ceph;
+pub mod console;
 pub mod daemon;
 pub mod frontend;
+pub mod hostile;
 pub mod mem;
 pub mod metrics;
 pub mod proc;
@@ -28,4 +36,6 @@ pub mod qemu;
 pub mod qmp;
 pub mod raw;
 pub mod rng;
+pub mod skip;
 pub mod systemd;
+pub mod wait;

@@ -1,4 +1,5 @@
-//! Child processes that are killed when dropped, and tool checks.
+//! Child processes that are killed when dropped, tool checks, and what /proc says about a
+//! process's threads.
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
@@ -169,4 +170,38 @@ pub fn tool_version(tool: &str) -> String {
         ),
         Err(e) => panic!("cannot run {tool}: {e}; {SETUP_HINT}"),
     }
+}
+
+/// One thread of a process, from /proc/PID/task.
+#[derive(Clone, Debug)]
+pub struct Task {
+    /// Its name (`comm`), e.g. `mqblk-io0-disk`.
+    pub name: String,
+    /// Its state letter: `R` running, `S` sleeping, `D` in uninterruptible sleep, ...
+    pub state: char,
+    /// CPU time it has used, user and system, in seconds.
+    pub cpu_secs: f64,
+}
+
+/// The threads of process `pid` (those that exit while being read are left out).
+pub fn tasks(pid: u32) -> Vec<Task> {
+    // USER_HZ, the unit of utime and stime (100 on every Linux architecture this runs on).
+    const TICKS: f64 = 100.0;
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/task: {e}"));
+    dir.flatten()
+        .filter_map(|e| {
+            let name = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // After the parenthesised name: the state is field 3, utime and stime 14 and 15.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split(' ').collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(Task {
+                name: name.trim().to_string(),
+                state: f.first()?.chars().next()?,
+                cpu_secs: ticks / TICKS,
+            })
+        })
+        .collect()
 }

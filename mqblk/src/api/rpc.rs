@@ -487,9 +487,10 @@ fn call(
             let fault = required(&params, "fault")?.parse().map_err(invalid)?;
             let thread = match params.get("thread") {
                 None => 0,
-                Some(v) => v.as_u64().and_then(|t| usize::try_from(t).ok()).ok_or_else(|| {
-                    invalid(format!("'thread' is {v}: an I/O thread's index"))
-                })?,
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|t| usize::try_from(t).ok())
+                    .ok_or_else(|| invalid(format!("'thread' is {v}: an I/O thread's index")))?,
             };
             control.inject_fault(&id, thread, fault)?;
             Ok(json!({"id": id, "thread": thread, "injected": true}))
