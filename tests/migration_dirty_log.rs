@@ -196,11 +196,7 @@ fn log_is_a_pipe(p: &Path) -> String {
 
 fn log_sealed_against_writes(p: &Path) -> String {
     let f = support::mem::sealable_memfd("read-only-log", 4096);
-    // SAFETY: fcntl on a descriptor we own, adding a seal.
-    assert_eq!(
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_WRITE) },
-        0
-    );
+    rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::WRITE).expect("F_SEAL_WRITE");
     offer_log(p, &f, LOG_BYTES, 0)
 }
 
