@@ -205,7 +205,18 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             if let Some(channel) = peek_backend_channel(handler.as_raw_fd()) {
                 lock(&session).set_backend_channel(channel);
             }
-            match handler.handle_request() {
+            // A bug reached through a message ends this connection, not the export: the
+            // session is reset below as for any disconnect.
+            let handled =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler.handle_request()));
+            let Ok(handled) = handled else {
+                tracing::error!(
+                    connection = served,
+                    "handling a vhost-user message panicked; closing the connection"
+                );
+                break;
+            };
+            match handled {
                 Ok(()) => {}
                 Err(VhuError::Disconnected) | Err(VhuError::PartialMessage) => {
                     tracing::info!(connection = served, "frontend disconnected");
@@ -225,7 +236,11 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         *state.session.lock().unwrap_or_else(|e| e.into_inner()) = None;
         drop(handler);
         // Drain the connection's in-flight I/O and forget its memory.
-        lock(&session).disconnect();
+        let reset =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lock(&session).disconnect()));
+        if reset.is_err() {
+            tracing::error!(connection = served, "resetting the session panicked");
+        }
     }
 }
 
