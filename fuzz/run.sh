@@ -19,9 +19,10 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
-targets=(parse_request raw_bytes dirty_log)
+targets=(parse_request raw_bytes dirty_log memory_table)
 # dirty_log: its LogInput decodes from 600 bytes; more is ignored.
-declare -A max_len=([parse_request]=1024 [raw_bytes]=1100 [dirty_log]=640)
+# memory_table: 16 actions of at most 4 regions each fit well within 2 KiB.
+declare -A max_len=([parse_request]=1024 [raw_bytes]=1100 [dirty_log]=640 [memory_table]=2048)
 
 start=$(date +%s)
 mkdir -p target

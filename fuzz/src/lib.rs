@@ -22,6 +22,7 @@
 //! `examples/gen_seeds.rs` to write the committed seed corpus.
 
 pub mod dirty_log;
+pub mod memory_table;
 
 use arbitrary::Arbitrary;
 use mqblk::blk::chain::ChainWalker;
