@@ -77,15 +77,31 @@ fn wait_for_log(daemon: &mut Daemon, text: &str, within: Duration) {
     );
 }
 
-/// After a contained fault: the daemon lives, and the export serves a new frontend.
-fn export_serves_again(daemon: &mut Daemon, socket: &Path) {
+/// The fault in `what` (as the log names it) was contained: the daemon closed the session's
+/// connection, said why, and lives.
+fn contained(daemon: &mut Daemon, s: &Session, what: &str) {
+    assert!(
+        s.conn.closed_by_peer(Duration::from_secs(10)),
+        "the daemon kept the connection of a frontend that truncated {what}"
+    );
+    wait_for_log(daemon, CONTAINED, Duration::from_secs(10));
+    let log = daemon.log();
+    assert!(log.contains(&format!("what=\"{what}\"")), "{log}");
+}
+
+/// After a contained fault: the export serves a new frontend, the other export was served
+/// throughout and after it, and the daemon stops cleanly.
+fn others_unharmed(mut daemon: Daemon, victim: &Path, bystander: Bystander) {
     assert!(
         daemon.has_exited().is_none(),
         "daemon died:\n{}",
         daemon.log()
     );
-    let mut s = Session::open(socket, 64, None);
+    let mut s = Session::open(victim, 64, None);
     s.good_write(0, 16, 0x3c);
+    bystander.wait_served_more(20);
+    bystander.finish();
+    daemon.stop();
 }
 
 fn truncate(f: &impl AsRawFd) -> std::io::Result<()> {
@@ -113,22 +129,9 @@ fn truncated_guest_memory_ends_only_its_own_connection() {
     truncate(&s.guest.fd()).expect("truncating the guest memory");
     // From here on this process must not touch the guest memory either.
     kick(&s);
-    assert!(
-        s.conn.closed_by_peer(Duration::from_secs(10)),
-        "the daemon kept the connection of a frontend that truncated its memory"
-    );
-    wait_for_log(&mut daemon, CONTAINED, Duration::from_secs(10));
-    assert!(
-        daemon.log().contains("what=\"guest memory\""),
-        "{}",
-        daemon.log()
-    );
+    contained(&mut daemon, &s, "guest memory");
     std::mem::forget(s); // its mapping faults now: leave it mapped, never read
-
-    export_serves_again(&mut daemon, &victim);
-    bystander.wait_served_more(20);
-    bystander.finish();
-    daemon.stop();
+    others_unharmed(daemon, &victim, bystander);
 }
 
 #[test]
@@ -154,21 +157,8 @@ fn a_truncated_inflight_region_ends_only_its_own_connection() {
     truncate(&region).expect("truncating the in-flight region");
     // Guest memory is intact: the next request's fetch writes the region, and faults.
     post_writes(&mut s, 4);
-    assert!(
-        s.conn.closed_by_peer(Duration::from_secs(10)),
-        "the daemon kept the connection of a frontend that truncated its in-flight region"
-    );
-    wait_for_log(&mut daemon, CONTAINED, Duration::from_secs(10));
-    assert!(
-        daemon.log().contains("what=\"the in-flight region\""),
-        "{}",
-        daemon.log()
-    );
-
-    export_serves_again(&mut daemon, &victim);
-    bystander.wait_served_more(20);
-    bystander.finish();
-    daemon.stop();
+    contained(&mut daemon, &s, "the in-flight region");
+    others_unharmed(daemon, &victim, bystander);
 }
 
 #[test]
