@@ -12,6 +12,8 @@
 //! - [`io`]: the I/O threads and the request path;
 //! - [`engine`]: storage engines (io_uring on a file or block device, RAM, null);
 //! - [`blk`]: virtio-blk request parsing and the configuration space (pure);
+//! - [`sandbox`]: the daemon's confinement (Landlock, seccomp, io_uring restrictions,
+//!   privileges);
 //! - [`config`]: export settings and the one table of export keys.
 //!
 //! docs/ARCHITECTURE.md walks a request through these files.
@@ -25,11 +27,14 @@ pub mod daemon;
 pub mod engine;
 pub mod frontend;
 pub mod io;
+pub mod sandbox;
 
 #[cfg(test)]
 mod layering {
     /// The layers, lowest first: a module may use only the layers listed before it.
-    const LAYERS: &[&str] = &["config", "blk", "engine", "io", "frontend", "api", "daemon"];
+    const LAYERS: &[&str] = &[
+        "config", "sandbox", "blk", "engine", "io", "frontend", "api", "daemon",
+    ];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {

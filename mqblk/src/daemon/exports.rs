@@ -63,6 +63,7 @@ impl Exports {
         cfg: ExportConfig,
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
+        crate::sandbox::check_export(&cfg)?;
         let reservation = {
             let mut running = self.lock();
             if running.closed {

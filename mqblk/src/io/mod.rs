@@ -236,7 +236,9 @@ pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<Io
             if let Some(cpu) = cfg.cpu {
                 pin_to_cpu(cpu);
             }
-            match thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters) {
+            // Set up (ring, engine channel), then confined to what the loop does.
+            let setup = thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters);
+            match setup.and_then(|t| crate::sandbox::confine_io_thread().map(|()| t)) {
                 Ok(mut t) => {
                     let _ = ready_tx.send(Ok(()));
                     t.run();
