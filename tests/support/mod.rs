@@ -13,6 +13,7 @@
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
+//! - [`sandbox`]: the daemon's threads' confinement, as /proc shows it.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 #![allow(dead_code)]
 
@@ -26,4 +27,5 @@ pub mod qemu;
 pub mod qmp;
 pub mod raw;
 pub mod rng;
+pub mod sandbox;
 pub mod systemd;
