@@ -189,3 +189,52 @@ fn a_guest_writes_and_verifies_its_disk_under_the_sandbox() {
         fail(problems.join("; "));
     }
 }
+
+#[test]
+fn strict_with_user_and_group_runs_unprivileged_and_serves() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TestDir::new();
+    let image = dir.image("disk.img", 4 * MIB, None);
+    // nobody must reach the directory (to bind the socket) and the image.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let sock = dir.join("vhost.sock");
+    let args = ["--sandbox", "strict", "--user", "65534", "--group", "65534"];
+    let daemon = Daemon::start_args(&dir, &[Export::file(&sock, &image)], &args);
+    verify(&sock, 1, 0x99);
+    assert_confined(daemon.pid(), 1);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
+    for key in ["Uid:", "Gid:"] {
+        let ids: Vec<&str> = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .expect("an id line")
+            .split_whitespace()
+            .collect();
+        assert_eq!(ids, ["65534"; 4], "{key} real, effective, saved, fs");
+    }
+    let groups = status.lines().find_map(|l| l.strip_prefix("Groups:"));
+    assert_eq!(groups.map(str::trim), Some("65534"), "{status}");
+    daemon.terminate();
+}
+
+#[test]
+fn sandbox_off_leaves_the_daemon_unconfined() {
+    let dir = TestDir::new();
+    let image = dir.image("disk.img", 4 * MIB, None);
+    let sock = dir.join("vhost.sock");
+    let api = dir.join("api.sock");
+    let args = ["--sandbox", "off", "--api-socket", api.to_str().unwrap()];
+    let daemon = Daemon::start_args(&dir, &[Export::file(&sock, &image)], &args);
+    verify(&sock, 1, 0x11);
+    let threads = support::sandbox::threads(daemon.pid());
+    assert!(threads.iter().all(|t| t.seccomp == 0), "{threads:#?}");
+    // The call a confined I/O thread dies of is made, and the daemon goes on.
+    let mut api = support::api::Api::connect(&api);
+    api.ok(
+        "debug_inject_fault",
+        json!({"id": "vhost", "fault": "forbidden-syscall"}),
+    );
+    verify(&sock, 1, 0x12);
+    daemon.terminate();
+}

@@ -292,15 +292,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_kernel_enforces_the_rules() {
+    /// A temporary directory with `a/disk.img` and `b/other` in it; `a` and `b`.
+    fn two_dirs() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
         std::fs::create_dir(&a).unwrap();
         std::fs::create_dir(&b).unwrap();
-        let image = a.join("disk.img");
-        std::fs::write(&image, b"image").unwrap();
+        std::fs::write(a.join("disk.img"), b"image").unwrap();
         std::fs::write(b.join("other"), b"other").unwrap();
+        (tmp, a, b)
+    }
+
+    #[test]
+    fn the_kernel_enforces_the_rules() {
+        let (_tmp, a, b) = two_dirs();
+        let image = a.join("disk.img");
         let spec = format!(
             "socket={},path={}",
             a.join("s.sock").display(),
@@ -344,11 +350,7 @@ mod tests {
 
     #[test]
     fn exports_outside_the_grants_are_refused_by_name() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
-        std::fs::create_dir(&a).unwrap();
-        std::fs::create_dir(&b).unwrap();
-        std::fs::write(a.join("disk.img"), b"").unwrap();
+        let (_tmp, a, b) = two_dirs();
         let spec = |dir: &Path, img: &str| {
             format!(
                 "socket={},path={}",

@@ -38,30 +38,12 @@ impl Identity {
     }
 }
 
-/// `--user`: its uid and primary gid.
+/// `--user`: its uid and primary gid (a number without a passwd entry: that number for both).
 fn lookup_user(name: &str) -> Result<(u32, u32), Error> {
-    let cname = CString::new(name).map_err(|_| Error::NoSuchUser(format!("--user {name:?}")))?;
-    let mut pwd: libc::passwd = unsafe_zeroed();
-    let mut buf = vec![0u8; 16 * 1024];
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer names live memory of the size given; getpwnam_r writes the entry
-    // into `pwd` and its strings into `buf`, and `found` points at `pwd` or is null.
-    let r = unsafe {
-        libc::getpwnam_r(
-            cname.as_ptr(),
-            &mut pwd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut found,
-        )
-    };
-    if r == 0 && !found.is_null() {
-        return Ok((pwd.pw_uid, pwd.pw_gid));
-    }
-    match name.parse() {
-        // A number with no passwd entry: its own group number.
-        Ok(uid) => Ok((uid, uid)),
-        Err(_) => Err(Error::NoSuchUser(format!(
+    match (lookup(name, libc::getpwnam_r), name.parse()) {
+        (Some(pwd), _) => Ok((pwd.pw_uid, pwd.pw_gid)),
+        (None, Ok(uid)) => Ok((uid, uid)),
+        (None, Err(_)) => Err(Error::NoSuchUser(format!(
             "--user {name}: no such user (give a name from /etc/passwd or a number)"
         ))),
     }
@@ -69,35 +51,45 @@ fn lookup_user(name: &str) -> Result<(u32, u32), Error> {
 
 /// `--group`: its gid.
 fn lookup_group(name: &str) -> Result<u32, Error> {
-    let cname = CString::new(name).map_err(|_| Error::NoSuchUser(format!("--group {name:?}")))?;
-    let mut grp: libc::group = unsafe_zeroed();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: as for getpwnam_r above.
+    match (lookup(name, libc::getgrnam_r), name.parse()) {
+        (Some(grp), _) => Ok(grp.gr_gid),
+        (None, Ok(gid)) => Ok(gid),
+        (None, Err(_)) => Err(Error::NoSuchUser(format!(
+            "--group {name}: no such group (give a name from /etc/group or a number)"
+        ))),
+    }
+}
+
+/// `getpwnam_r` or `getgrnam_r`: name, entry, buffer, its length, result.
+type GetByName<T> = unsafe extern "C" fn(
+    *const libc::c_char,
+    *mut T,
+    *mut libc::c_char,
+    libc::size_t,
+    *mut *mut T,
+) -> libc::c_int;
+
+/// The entry `call` finds for `name`, if there is one. Only the entry's numbers may be used:
+/// its strings point into a buffer dropped on return.
+fn lookup<T: Copy>(name: &str, call: GetByName<T>) -> Option<T> {
+    let name = CString::new(name).ok()?;
+    // SAFETY: T is libc's passwd or group, plain C structs for which all-zero bytes (null
+    // pointers, zero ids) are valid values.
+    let mut entry: T = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 64 * 1024];
+    let mut found: *mut T = std::ptr::null_mut();
+    // SAFETY: every pointer names live memory of the size given: the call writes the entry
+    // into `entry`, its strings into `buf`, and points `found` at `entry` or leaves it null.
     let r = unsafe {
-        libc::getgrnam_r(
-            cname.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr().cast(),
+        call(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
             buf.len(),
             &mut found,
         )
     };
-    if r == 0 && !found.is_null() {
-        return Ok(grp.gr_gid);
-    }
-    name.parse().map_err(|_| {
-        Error::NoSuchUser(format!(
-            "--group {name}: no such group (give a name from /etc/group or a number)"
-        ))
-    })
-}
-
-/// A C struct of pointers and integers, zeroed (its fields are then null or 0).
-fn unsafe_zeroed<T: Copy>() -> T {
-    // SAFETY: used only for libc's passwd and group, plain C structs for which all-zero bytes
-    // (null pointers, zero ids) are valid values.
-    unsafe { std::mem::zeroed() }
+    (r == 0 && !found.is_null()).then_some(entry)
 }
 
 /// What the daemon keeps, if anything, for its I/O threads' rings.
