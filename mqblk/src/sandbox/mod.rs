@@ -2,10 +2,11 @@
 //!
 //! The daemon parses descriptor chains that another process wrote, in memory that process
 //! shares. Should a bug there let a guest or a frontend run code in the daemon, that code finds:
-//! - [`privileges`]: no capability (effective, permitted, inheritable, ambient, bounding), no
-//!   new privileges (`PR_SET_NO_NEW_PRIVS`), optionally another user and group (`--user`,
-//!   `--group`);
-//! - [`filesystem`]: Landlock: only the files and directories the configuration names (images,
+//! - `privileges`: no capability (effective, permitted, inheritable, ambient, bounding; where
+//!   RLIMIT_MEMLOCK cannot be lifted, CAP_IPC_LOCK stays permitted, never effective, for the
+//!   I/O threads' rings), no new privileges (`PR_SET_NO_NEW_PRIVS`), optionally another user
+//!   and group (`--user`, `--group`);
+//! - `filesystem`: Landlock: only the files and directories the configuration names (images,
 //!   socket directories, the API socket's, the stats file's, Ceph's conf and keyring) and those
 //!   `--allow-dir` adds for exports added later through the API;
 //! - [`seccomp`]: a system-call allowlist for every thread, and a narrower one for each I/O
