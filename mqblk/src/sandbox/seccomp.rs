@@ -12,9 +12,9 @@
 //!   librbd, which was measured to need nothing more there (it hands the work to librados's
 //!   threads, which have the control list).
 //!
-//! The lists were measured, not guessed: `strace -f` of the daemon (a debug build) through the
-//! integration tests and the rbd tests, one file per thread, counting what each role called
-//! after its filter went on (docs/RELIABILITY.md, "Security"). A call outside a thread's list
+//! The lists were measured, not guessed: `scripts/seccomp-measure.sh` runs the integration
+//! tests (and the rbd tests) with the daemon under `strace -f -ff`, and lists what each role
+//! called after its filter went on (docs/RELIABILITY.md, "Security"). A call outside a thread's list
 //! traps (`super::sigsys`): one log line names it, then the daemon dies of SIGSYS, as under
 //! SECCOMP_RET_KILL_PROCESS.
 
@@ -214,6 +214,18 @@ impl IoFilters {
     }
 }
 
+/// What a call outside an allowlist gets: a trap (`super::sigsys`). A debug build run with
+/// `MQBLK_SECCOMP_LOG=1` lets it through instead (SECCOMP_RET_LOG), with everything else
+/// confined as usual, so that `scripts/seccomp-measure.sh` can record what each thread role
+/// calls; a release build has no such setting.
+fn mismatch_action() -> SeccompAction {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("MQBLK_SECCOMP_LOG").is_some_and(|v| v == "1") {
+        return SeccompAction::Log;
+    }
+    SeccompAction::Trap
+}
+
 /// The architecture the filters are compiled for: this one.
 fn target_arch() -> Result<TargetArch, Error> {
     TargetArch::try_from(std::env::consts::ARCH)
@@ -243,7 +255,7 @@ fn compile(ctx: &Context, lists: &[&[i64]], control: bool) -> Result<BpfProgram,
     }
     let filter = SeccompFilter::new(
         rules,
-        SeccompAction::Trap,
+        mismatch_action(),
         SeccompAction::Allow,
         target_arch()?,
     )
