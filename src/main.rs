@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
 use mqblk::daemon::ServeOptions;
+use mqblk::sandbox::SandboxOptions;
 
 mod ctl;
 mod demo;
@@ -53,6 +54,25 @@ enum Cmd {
         /// trusted network).
         #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
         metrics: Option<SocketAddr>,
+        /// Confinement, entered before any export starts: Landlock (only the paths the
+        /// configuration names and --allow-dir), seccomp allowlists (a narrower one on I/O
+        /// threads), io_uring opcode allowlists, no capabilities, no new privileges. auto: every
+        /// layer the kernel supports, warning about each one it lacks; strict: refuse to start
+        /// without all of them; off: none.
+        #[arg(long, value_name = "MODE", default_value = "auto")]
+        sandbox: mqblk::sandbox::Mode,
+        /// A directory where exports added through the management API may keep their images,
+        /// sockets and Ceph files (the sandbox reaches only what the configuration names).
+        /// Repeatable.
+        #[arg(long = "allow-dir", value_name = "DIR")]
+        allow_dirs: Vec<PathBuf>,
+        /// Run as this user (name or number) once confined; images and socket directories
+        /// must be reachable by it. Its group unless --group is given.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+        /// Run as this group (name or number) once confined.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
     },
     /// Talk to a running daemon's management API: prints the reply as JSON.
     #[command(after_help = ctl::HELP)]
@@ -202,6 +222,10 @@ fn main() -> ExitCode {
             stats_file,
             api_socket,
             metrics,
+            sandbox,
+            allow_dirs,
+            user,
+            group,
         } => serve(
             &exports,
             config.as_ref(),
@@ -210,6 +234,12 @@ fn main() -> ExitCode {
                 stats_file,
                 api_socket,
                 metrics,
+                sandbox: SandboxOptions {
+                    mode: sandbox,
+                    allow_dirs,
+                    user,
+                    group,
+                },
             },
         ),
         Cmd::Ctl(args) => ctl::run(&args),

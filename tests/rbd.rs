@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use mqblk_client::{run, Client, RequestError};
-use support::api::{daemon_with_api, Api};
+use support::api::{daemon_with_api_allowing, Api};
 use support::ceph::Ceph;
 use support::daemon::*;
 use support::proc::{tasks, Proc};
@@ -76,6 +76,7 @@ fn verify_mapping(mapping: Mapping, image: &str) {
     let r = run(&w).expect("verify workload");
     assert!(r.clean(), "workload not clean: {r}");
     assert_eq!(r.verified_bytes, jobs as u64 * ops * BS as u64, "{r}");
+    support::sandbox::assert_confined(daemon.pid(), 1); // librados's threads included
     let mut expected = vec![0u8; IMG_SIZE as usize];
     apply_verify(&mut expected, &r, seed);
 
@@ -372,7 +373,11 @@ fn stopped_monitor_fails_start_within_the_timeout() {
 
     // The same export added through the management API fails the same way, and while it
     // tries, the API answers everything else at once.
-    let (mut d, mut api) = daemon_with_api(&dir, &[Export::null(dir.join("other.sock"), MIB)]);
+    let (mut d, mut api) = daemon_with_api_allowing(
+        &dir,
+        &[ceph.dir()],
+        &[Export::null(dir.join("other.sock"), MIB)],
+    );
     let api_sock = dir.join("api.sock");
     let mut params = serde_json::Map::new();
     for (k, v) in ceph.export_keys("rbd", "any") {

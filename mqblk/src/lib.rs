@@ -14,6 +14,8 @@
 //!   guards);
 //! - [`engine`]: storage engines (io_uring on a file or block device, RAM, null);
 //! - [`blk`]: virtio-blk request parsing and the configuration space (pure);
+//! - [`sandbox`]: the daemon's confinement (Landlock, seccomp, io_uring restrictions,
+//!   privileges);
 //! - [`config`]: export settings and the one table of export keys.
 //!
 //! docs/ARCHITECTURE.md walks a request through these files.
@@ -27,13 +29,14 @@ pub mod daemon;
 pub mod engine;
 pub mod frontend;
 pub mod io;
+pub mod sandbox;
 pub mod shm;
 
 #[cfg(test)]
 mod layering {
     /// The layers, lowest first: a module may use only the layers listed before it.
     const LAYERS: &[&str] = &[
-        "config", "blk", "engine", "shm", "io", "frontend", "api", "daemon",
+        "config", "sandbox", "blk", "engine", "shm", "io", "frontend", "api", "daemon",
     ];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {

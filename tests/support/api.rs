@@ -11,9 +11,25 @@ use serde_json::{json, Value};
 use super::daemon::{Daemon, Export, TestDir};
 
 /// A daemon serving `exports` with the management API on `dir/api.sock`, and a client of it.
+/// Exports the API adds may keep their images and sockets in `dir` (`--allow-dir`, as an
+/// operator allows the directories of exports to come).
 pub fn daemon_with_api(dir: &TestDir, exports: &[Export]) -> (Daemon, Api) {
+    daemon_with_api_allowing(dir, &[], exports)
+}
+
+/// [`daemon_with_api`], allowing exports the API adds into `more` too (a Ceph cluster's
+/// conf and keyring, say).
+pub fn daemon_with_api_allowing(
+    dir: &TestDir,
+    more: &[&Path],
+    exports: &[Export],
+) -> (Daemon, Api) {
     let api = dir.join("api.sock");
-    let d = Daemon::start_args(dir, exports, &["--api-socket", api.to_str().unwrap()]);
+    let mut args = vec!["--api-socket", api.to_str().unwrap()];
+    for d in std::iter::once(dir.path()).chain(more.iter().copied()) {
+        args.extend(["--allow-dir", d.to_str().unwrap()]);
+    }
+    let d = Daemon::start_args(dir, exports, &args);
     let a = Api::connect(&api);
     (d, a)
 }

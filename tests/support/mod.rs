@@ -18,6 +18,7 @@
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
 //! - [`skip`]: a test that cannot run here fails, unless the environment allows the skip.
+//! - [`sandbox`]: the daemon's threads' confinement, as /proc shows it.
 //! - [`systemd`]: a notify socket and inherited listening sockets, as systemd gives them.
 //! - [`wait`]: [`wait::wait_until`], waiting for a condition with a deadline instead of a
 //!   fixed sleep.
@@ -36,6 +37,7 @@ pub mod qemu;
 pub mod qmp;
 pub mod raw;
 pub mod rng;
+pub mod sandbox;
 pub mod skip;
 pub mod systemd;
 pub mod wait;

@@ -484,7 +484,9 @@ fn call(
         "debug_inject_fault" => {
             only(&params, method, &["id", "thread", "fault"])?;
             let id = required(&params, "id")?;
-            let fault = required(&params, "fault")?.parse().map_err(invalid)?;
+            let fault = required(&params, "fault")?
+                .parse()
+                .map_err(|e: crate::io::fault_injection::UnknownFault| invalid(e.to_string()))?;
             let thread = match params.get("thread") {
                 None => 0,
                 Some(v) => v

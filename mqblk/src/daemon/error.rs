@@ -92,4 +92,10 @@ pub enum Error {
     /// The export could not be resized.
     #[error("cannot resize: {0}")]
     Resize(#[from] crate::engine::ResizeError),
+    /// The daemon could not confine itself.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::Error),
+    /// An export names a path the confined daemon cannot reach.
+    #[error(transparent)]
+    OutsideSandbox(#[from] crate::sandbox::PathRefused),
 }

@@ -66,6 +66,7 @@ impl Exports {
         cfg: ExportConfig,
         activated: Option<RawFd>,
     ) -> Result<ExportStatus, Error> {
+        crate::sandbox::check_export(&cfg)?;
         let reservation = {
             let mut running = self.lock();
             if running.closed {

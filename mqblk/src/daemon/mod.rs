@@ -33,6 +33,7 @@ pub use exports::Exports;
 use crate::api::rpc::ApiServer;
 use crate::api::{systemd, Metrics};
 use crate::config::ExportConfig;
+use crate::sandbox::{self, SandboxOptions};
 
 /// How `mqblk serve` runs, besides its exports.
 #[derive(Debug, Clone, Default)]
@@ -43,6 +44,8 @@ pub struct ServeOptions {
     pub api_socket: Option<PathBuf>,
     /// Serve the Prometheus metrics over HTTP on this address.
     pub metrics: Option<SocketAddr>,
+    /// How the daemon confines itself.
+    pub sandbox: SandboxOptions,
 }
 
 /// How often the main thread looks at the management API's shutdown request.
@@ -61,6 +64,14 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
     for (fd, name, why) in &activation.unused {
         tracing::warn!(fd, name = %name, "socket-activated descriptor left unused: {why}");
     }
+    // Before the first thread (the metrics server starts one): see `sandbox`.
+    let needs = sandbox::Needs {
+        exports: &exports,
+        api_socket: opts.api_socket.as_deref(),
+        stats_file: opts.stats_file.as_deref(),
+        tcp_server: opts.metrics.is_some(),
+    };
+    sandbox::enter(&opts.sandbox, &needs)?;
     // Bound before the exports start, so that a busy port fails the start at once.
     let mut metrics = match opts.metrics {
         Some(addr) => Some(Metrics::bind(addr).map_err(|err| Error::Metrics { addr, err })?),

@@ -108,6 +108,11 @@ pub trait Engine: Send + Sync {
     fn sync_host_cache(&self) -> io::Result<()> {
         Ok(())
     }
+    /// The io_uring opcodes of the entries its channels hand their I/O thread's ring
+    /// ([`Started::Ring`]): the ring of a confined daemon accepts only those and its own.
+    fn ring_opcodes(&self) -> &'static [u8] {
+        &[]
+    }
 }
 
 /// Why an export could not be resized. Each message is one line for the operator.

@@ -13,6 +13,16 @@ use io_uring::{opcode, squeue, types};
 
 use super::{Channel, Engine, Op, OpenError, ResizeError, Started};
 
+/// The opcodes of the entries [`UringChannel::entry`] builds, which its thread's ring allows.
+pub const OPCODES: &[u8] = &[
+    opcode::ReadFixed::CODE,
+    opcode::WriteFixed::CODE,
+    opcode::Readv::CODE,
+    opcode::Writev::CODE,
+    opcode::Fsync::CODE,
+    opcode::Fallocate::CODE,
+];
+
 /// io_uring on a file, block device or memfd.
 pub struct UringEngine {
     file: Arc<File>,
@@ -76,6 +86,10 @@ impl Engine for UringEngine {
         }
         self.capacity.store(new, Ordering::Relaxed);
         Ok(new)
+    }
+
+    fn ring_opcodes(&self) -> &'static [u8] {
+        OPCODES
     }
 
     fn sync_host_cache(&self) -> io::Result<()> {

@@ -36,14 +36,19 @@ impl Fault {
     }
 }
 
-impl FromStr for Fault {
-    type Err = String;
+/// A fault name that is none of [`Fault::NAMES`].
+#[derive(Debug, thiserror::Error)]
+#[error("'fault' is '{0}': {names}", names = Fault::NAMES)]
+pub struct UnknownFault(String);
 
-    fn from_str(s: &str) -> Result<Fault, String> {
+impl FromStr for Fault {
+    type Err = UnknownFault;
+
+    fn from_str(s: &str) -> Result<Fault, UnknownFault> {
         match s {
             "panic" => Ok(Fault::Panic),
             "forbidden-syscall" => Ok(Fault::ForbiddenSyscall),
-            _ => Err(format!("'fault' is '{s}': {}", Fault::NAMES)),
+            _ => Err(UnknownFault(s.into())),
         }
     }
 }

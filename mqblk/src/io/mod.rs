@@ -241,7 +241,9 @@ pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<Io
                 pin_to_cpu(cpu);
             }
             let (name, failure) = (cfg.name.clone(), cfg.failure.clone());
-            match thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters) {
+            // Set up (ring, engine channel), then confined to what the loop does.
+            let setup = thread::IoThread::new(cfg, engine, rx, thread_wake, thread_counters);
+            match setup.and_then(|t| crate::sandbox::confine_io_thread().map(|()| t)) {
                 Ok(mut t) => {
                     let _ = ready_tx.send(Ok(()));
                     // A panic ends this thread and its export, never the daemon: the loop runs

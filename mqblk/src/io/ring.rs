@@ -17,6 +17,7 @@ use super::policy::submit::submit_early;
 use super::stats::IoCounters;
 use super::GuestMemory;
 use crate::config::Tuning;
+use crate::sandbox::uring::{restrict_and_enable, RingAllowlist};
 
 /// What a ring entry is for, carried in its user data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +96,25 @@ impl Completion {
     }
 }
 
+/// The opcodes of the entries this file builds: kicks and engine completion fds (multishot
+/// polls and their removal), the wake eventfd's read, QoS timers, guest notifications.
+pub const OPCODES: &[u8] = &[
+    opcode::PollAdd::CODE,
+    opcode::PollRemove::CODE,
+    opcode::Read::CODE,
+    opcode::Timeout::CODE,
+    opcode::Write::CODE,
+];
+
+/// The registrations made on a running ring (`IORING_REGISTER_BUFFERS`,
+/// `IORING_UNREGISTER_BUFFERS`, `IORING_REGISTER_FILES` in `<linux/io_uring.h>`): guest memory
+/// on each memory swap, the engine's file.
+const REGISTER_OPS: &[u8] = &[0, 1, 2];
+
+/// The submission flags entries may carry: the engine's fixed file, and notifications that
+/// post no completion.
+const SQE_FLAGS: squeue::Flags = squeue::Flags::FIXED_FILE.union(squeue::Flags::SKIP_SUCCESS);
+
 /// The value written to a call eventfd; static, so it outlives the ring write.
 static ONE: u64 = 1;
 
@@ -132,11 +152,34 @@ fn transient(e: &io::Error) -> bool {
 }
 
 impl Ring {
-    /// A ring of `entries` submission entries, set up as `tuning` asks; kernels that refuse
-    /// COOP_TASKRUN (before 6.0) get a plain ring.
+    /// An unrestricted ring (unit tests).
+    #[cfg(test)]
     pub fn new(entries: u32, tuning: &Tuning) -> io::Result<Ring> {
+        Ring::build(entries, tuning, None)
+    }
+
+    /// A ring of `entries` submission entries, set up as `tuning` asks (kernels that refuse
+    /// COOP_TASKRUN, before 6.0, get a plain ring), for an I/O thread whose engine builds
+    /// entries of `engine_opcodes`: in a confined daemon, the ring accepts only those and this
+    /// file's (see [`crate::sandbox`]).
+    pub fn confined(entries: u32, tuning: &Tuning, engine_opcodes: &[u8]) -> io::Result<Ring> {
+        let opcodes = [OPCODES, engine_opcodes];
+        let allow = RingAllowlist {
+            opcodes: &opcodes,
+            register_ops: REGISTER_OPS,
+            sqe_flags: SQE_FLAGS.bits(),
+        };
+        let allow = crate::sandbox::rings_confined().then_some(&allow);
+        crate::sandbox::ring_setup(|| Ring::build(entries, tuning, allow))
+    }
+
+    /// A ring, restricted to `allow` if given.
+    fn build(entries: u32, tuning: &Tuning, allow: Option<&RingAllowlist>) -> io::Result<Ring> {
         let build = |coop: bool| {
             let mut builder = IoUring::builder();
+            if allow.is_some() {
+                builder.setup_r_disabled();
+            }
             builder.setup_cqsize(entries * 4);
             if tuning.sqpoll_idle_ms > 0 {
                 builder.setup_sqpoll(tuning.sqpoll_idle_ms);
@@ -158,6 +201,9 @@ impl Ring {
             Err(_) if coop => (build(false)?, false),
             Err(e) => return Err(e),
         };
+        if let Some(allow) = allow {
+            restrict_and_enable(&uring, allow)?;
+        }
         let notify_flags = if uring.params().is_feature_skip_cqe_on_success() {
             squeue::Flags::SKIP_SUCCESS
         } else {
@@ -515,6 +561,66 @@ mod tests {
         }
         // An unknown tag is never mistaken for I/O.
         assert_eq!(Token::decode(0xff << 56 | 5), Token::Ignore);
+    }
+
+    #[test]
+    fn a_confined_ring_refuses_opcodes_outside_its_allowlist() {
+        // As an I/O thread of a confined daemon serving a file (here a RAM disk, the same
+        // engine) creates it.
+        let spec = crate::config::parse_export_spec("socket=s,engine=mem,size=1M").unwrap();
+        let engine = crate::engine::open(&spec).unwrap();
+        let opcodes = [OPCODES, engine.ring_opcodes()];
+        let allow = RingAllowlist {
+            opcodes: &opcodes,
+            register_ops: REGISTER_OPS,
+            sqe_flags: SQE_FLAGS.bits(),
+        };
+        let mut ring = Ring::build(8, &Tuning::default(), Some(&allow)).unwrap();
+        let mut c = IoCounters::default();
+        let file = tempfile::tempfile().unwrap();
+        let fd = types::Fd(file.as_raw_fd());
+        let forbidden = [
+            opcode::Nop::new().build(),
+            opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), c"/etc/passwd".as_ptr()).build(),
+            opcode::Connect::new(fd, std::ptr::null(), 0).build(),
+        ];
+        let allowed = opcode::Fsync::new(fd).build();
+        for (i, sqe) in forbidden.iter().chain([&allowed]).enumerate() {
+            // SAFETY: the entries name a static path, a live file and no buffer.
+            unsafe { ring.push(sqe.clone(), Token::Io(i as u32), &mut c) };
+        }
+        let mut results = vec![None; 4];
+        while results.iter().any(Option::is_none) {
+            ring.submit_and_wait(&mut c).unwrap();
+            while let Some(done) = ring.next_completion() {
+                let Token::Io(i) = done.token else {
+                    panic!("unexpected {done:?}")
+                };
+                results[i as usize] = Some(done.result);
+            }
+        }
+        assert_eq!(
+            results,
+            [
+                Some(-libc::EACCES),
+                Some(-libc::EACCES),
+                Some(-libc::EACCES),
+                Some(0)
+            ],
+            "NOP, OPENAT and CONNECT refused, FSYNC (the engine's) done"
+        );
+        // A flag outside the allowlist (IO_LINK) is refused too.
+        let linked = allowed.clone().flags(squeue::Flags::IO_LINK);
+        // SAFETY: as above.
+        unsafe { ring.push(linked, Token::Io(0), &mut c) };
+        ring.submit_and_wait(&mut c).unwrap();
+        assert_eq!(
+            ring.next_completion().map(|d| d.result),
+            Some(-libc::EACCES)
+        );
+        // A registration outside it: a personality.
+        let e = ring.uring.submitter().register_personality().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
     }
 
     #[test]

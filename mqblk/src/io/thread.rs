@@ -105,7 +105,7 @@ impl IoThread {
         let nq = cfg.queue_sizes.len();
         // Every in-flight request, kick poll and notification fits at once.
         let entries = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
-        let mut ring = Ring::new(entries, &cfg.tuning)?;
+        let mut ring = Ring::confined(entries, &cfg.tuning, engine.ring_opcodes())?;
         let channel = engine.channel()?;
         if cfg.tuning.fixed_files {
             ring.register_file(channel.file_fd());
