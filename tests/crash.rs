@@ -38,8 +38,7 @@ const BS: usize = 4096;
 const IMG_SEED: u64 = 0x5eed;
 
 fn sigkill(d: &mut Daemon) {
-    // SAFETY: plain syscall on our own, unreaped child.
-    unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) };
+    d.signal(rustix::process::Signal::KILL);
     let deadline = Instant::now() + Duration::from_secs(10);
     while d.has_exited().is_none() {
         assert!(Instant::now() < deadline, "daemon survived SIGKILL");

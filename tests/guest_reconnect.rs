@@ -57,6 +57,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use rustix::process::Signal;
 use support::console::{Sample, Watch};
 use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
@@ -265,10 +266,10 @@ fn kill_and_restart(
             // them (writes complete in the order the host finishes them, flushes later).
             let stop = Duration::from_millis(rng.range(STOP_MS));
             let after = Duration::from_millis(rng.range(BURST_KILL_MS));
-            run.signal_backend(libc::SIGSTOP)?;
+            run.signal_backend(Signal::STOP)?;
             watch.event(format!("kill {n}: SIGSTOP {}", run.backend_name()));
             watch.run_for(stop)?;
-            run.signal_backend(libc::SIGCONT)?;
+            run.signal_backend(Signal::CONT)?;
             std::thread::sleep(after);
             format!(
                 "burst: stopped {:.2} s, killed {} ms after SIGCONT",
@@ -621,11 +622,11 @@ impl Run {
         self.backends.push(Backend { proc, log });
     }
 
-    fn signal_backend(&mut self, sig: libc::c_int) -> Result<(), String> {
+    fn signal_backend(&mut self, sig: Signal) -> Result<(), String> {
         let b = self.backends.last().expect("a backend was started");
         b.proc
             .signal(sig)
-            .map_err(|e| format!("sending signal {sig} to {}: {e}", b.proc.name))
+            .map_err(|e| format!("sending signal {} to {}: {e}", sig.as_raw(), b.proc.name))
     }
 
     fn kill_backend(&mut self) {

@@ -183,15 +183,8 @@ fn log_smaller_than_memory(p: &Path) -> String {
 }
 
 fn log_is_a_pipe(p: &Path) -> String {
-    let mut fds = [0; 2];
-    // SAFETY: pipe with a live 2-element array; the results are checked and owned below.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: fresh descriptors, each owned by one File.
-    let (r, _w) = unsafe {
-        use std::os::fd::FromRawFd;
-        (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
-    };
-    offer_log(p, &r, LOG_BYTES, 0)
+    let (r, _w) = rustix::pipe::pipe().unwrap();
+    offer_log(p, &File::from(r), LOG_BYTES, 0)
 }
 
 fn log_sealed_against_writes(p: &Path) -> String {

@@ -360,8 +360,7 @@ fn unusable_images_and_sockets_are_refused_clearly() {
         lsock.display(),
         locked.display()
     ));
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = rustix::process::geteuid().is_root();
     if !root {
         let line = serve_fails(&args, START);
         says(

@@ -603,7 +603,7 @@ fn guest_verifies_an_rbd_disk() {
         console.contains("MQBLK-GUEST: write-through t="),
         "the guest did not switch the disk to write-through:\n{console}"
     );
-    server.signal(libc::SIGTERM).unwrap();
+    server.signal(rustix::process::Signal::TERM).unwrap();
     let exit = server.wait_timeout(SHUTDOWN_TIMEOUT).unwrap();
     assert!(
         exit.is_some_and(|s| s.success()),

@@ -8,8 +8,7 @@
 //! connection.
 mod support;
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -104,14 +103,8 @@ fn others_unharmed(mut daemon: Daemon, victim: &Path, bystander: Bystander) {
     daemon.stop();
 }
 
-fn truncate(f: &impl AsRawFd) -> std::io::Result<()> {
-    // Through a File on a duplicate, so that the caller keeps its own descriptor.
-    // SAFETY: dup of a descriptor the caller holds open.
-    let dup = unsafe { libc::dup(f.as_raw_fd()) };
-    assert!(dup >= 0);
-    // SAFETY: `dup` is a fresh descriptor we own.
-    let file = unsafe { File::from_raw_fd(dup) };
-    file.set_len(0)
+fn truncate(f: impl AsFd) -> std::io::Result<()> {
+    Ok(rustix::fs::ftruncate(f, 0)?)
 }
 
 #[test]
@@ -126,7 +119,7 @@ fn truncated_guest_memory_ends_only_its_own_connection() {
     let mut s = Session::open(&victim, 64, None);
     s.good_write(0, 0, 0x11);
     post_writes(&mut s, 16);
-    truncate(&s.guest.fd()).expect("truncating the guest memory");
+    truncate(s.guest.mem.file()).expect("truncating the guest memory");
     // From here on this process must not touch the guest memory either.
     kick(&s);
     contained(&mut daemon, &s, "guest memory");
@@ -194,7 +187,10 @@ fn files_that_can_be_sealed_are_sealed_and_cannot_be_truncated() {
     Session::set_mem_table(&conn, &guest).expect("SET_MEM_TABLE");
     let seals = rustix::fs::fcntl_get_seals(guest.mem.file()).unwrap();
     assert!(seals.contains(SealFlags::SHRINK), "{seals:?}");
-    assert!(truncate(&guest.fd()).is_err(), "sealed guest memory shrank");
+    assert!(
+        truncate(guest.mem.file()).is_err(),
+        "sealed guest memory shrank"
+    );
     guest.write(0, &[1]);
     drop(conn);
     assert!(daemon.has_exited().is_none());

@@ -19,6 +19,8 @@ use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use rustix::process::{kill_process, set_parent_process_death_signal, Pid, Signal};
+
 /// What to run when Ceph's daemons are missing.
 pub const CEPH_HINT: &str = "the rbd tests need Debian's ceph-mon and ceph-osd (and ceph-common): \
      run .ci/setup, or apt-get install ceph-mon ceph-osd";
@@ -56,11 +58,12 @@ fn spawn_kept(cmd: Command) -> std::io::Result<Child> {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
         std::thread::spawn(move || {
             for (mut cmd, reply) in rx {
-                // SAFETY: prctl(2) in the child between fork and exec: async-signal-safe, and it
-                // touches no memory of the parent.
+                // SAFETY: the closure runs in the child between fork and exec and makes only the
+                // prctl(2) system call (rustix calls the kernel directly): async-signal-safe,
+                // and it touches no memory of the parent.
                 unsafe {
                     cmd.pre_exec(|| {
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        let _ = set_parent_process_death_signal(Some(Signal::KILL));
                         Ok(())
                     });
                 }
@@ -279,8 +282,8 @@ impl Ceph {
 
 /// SIGTERM, and up to 30 s for the daemon to exit (then SIGKILL).
 fn stop(mut c: Child, name: &str) {
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+    // Our own child, not yet reaped.
+    let _ = kill_process(Pid::from_child(&c), Signal::TERM);
     let deadline = Instant::now() + Duration::from_secs(30);
     while c.try_wait().ok().flatten().is_none() {
         if Instant::now() > deadline {
@@ -298,9 +301,9 @@ impl Ceph {
     /// a cluster held in a `static`, from an exit handler.
     pub fn kill_now(&self) {
         for c in [&self.osd, &self.mon].into_iter().flatten() {
-            // SAFETY: kill(2) on our own child (at worst already exited, never reaped by
-            // anyone else while this `Ceph` lives).
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGKILL) };
+            // Our own child (at worst already exited, never reaped by anyone else while this
+            // `Ceph` lives).
+            let _ = kill_process(Pid::from_child(c), Signal::KILL);
         }
         let _ = std::fs::remove_dir_all(self.dir.path());
     }

@@ -16,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mqblk_client::{fill_pattern, Client, ConnectOptions, Pattern, Report, Workload};
+use rustix::process::{kill_process, Pid, Signal};
 
 /// Longest a daemon may take to create and listen on its sockets.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -407,16 +408,16 @@ impl Daemon {
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
-        let pid = child.id() as libc::pid_t;
+        let pid = Pid::from_child(&child);
 
         let (tx, rx) = mpsc::channel::<()>();
         let limit = watchdog();
         let watchdog = std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
                 eprintln!("watchdog: daemon {pid} still running after {limit:?}, killing it");
-                // SAFETY: plain syscall; the pid is still our unreaped child (the watchdog is
-                // stopped before the child is waited for).
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // The pid is still our unreaped child (the watchdog is stopped before the child
+                // is waited for).
+                let _ = kill_process(pid, Signal::KILL);
             }
         });
 
@@ -434,6 +435,12 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("daemon already stopped").id()
+    }
+
+    /// Sends `sig` to the daemon, our unreaped child (so its pid names no other process).
+    pub fn signal(&self, sig: Signal) {
+        let child = self.child.as_ref().expect("daemon already stopped");
+        let _ = kill_process(Pid::from_child(child), sig);
     }
 
     pub fn log(&self) -> String {
@@ -503,8 +510,8 @@ impl Daemon {
     pub fn stop(&mut self) -> ExitStatus {
         self.stop_watchdog();
         let mut child = self.child.take().expect("daemon already stopped");
-        // SAFETY: plain syscall on our unreaped child.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        // Our unreaped child.
+        let _ = kill_process(Pid::from_child(&child), Signal::TERM);
         let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
         loop {
             if let Some(status) = child.try_wait().expect("waitpid") {

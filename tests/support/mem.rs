@@ -1,28 +1,23 @@
 //! Memory shared with the daemon the way a vhost-user frontend shares guest memory: memfds, and
 //! shared mappings of them.
 
-use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
+
+use rustix::fs::{memfd_create, MemfdFlags};
 
 /// A memfd of `len` bytes (zeroes).
 pub fn memfd(name: &str, len: u64) -> File {
-    memfd_flags(name, len, libc::MFD_CLOEXEC)
+    memfd_flags(name, len, MemfdFlags::CLOEXEC)
 }
 
 /// A memfd of `len` bytes that can be sealed (MFD_ALLOW_SEALING), as frontends make dirty logs.
 pub fn sealable_memfd(name: &str, len: u64) -> File {
-    memfd_flags(name, len, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    memfd_flags(name, len, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
 }
 
-fn memfd_flags(name: &str, len: u64, flags: libc::c_uint) -> File {
-    let name = CString::new(name).expect("a memfd name without NUL");
-    // SAFETY: memfd_create with a valid C string; the descriptor is checked and then owned.
-    let f = unsafe {
-        let fd = libc::memfd_create(name.as_ptr(), flags);
-        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-        File::from_raw_fd(fd)
-    };
+fn memfd_flags(name: &str, len: u64, flags: MemfdFlags) -> File {
+    let f = File::from(memfd_create(name, flags).unwrap_or_else(|e| panic!("memfd_create: {e}")));
     f.set_len(len).expect("sizing a memfd");
     f
 }

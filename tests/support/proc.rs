@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{kill_process, Pid, Signal};
+
 use super::qemu::SETUP_HINT;
 
 /// How often the waits look.
@@ -52,16 +54,10 @@ impl Proc {
         }
     }
 
-    pub fn signal(&self, sig: libc::c_int) -> io::Result<()> {
-        let pid = libc::pid_t::try_from(self.child.id())
-            .map_err(|_| io::Error::other("pid out of range"))?;
-        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
-        // reaped (we only reap it through `self.child`), so it cannot name another process.
-        if unsafe { libc::kill(pid, sig) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+    pub fn signal(&self, sig: Signal) -> io::Result<()> {
+        // Our own child, not yet reaped (we only reap it through `self.child`), so its pid
+        // cannot name another process.
+        Ok(kill_process(Pid::from_child(&self.child), sig)?)
     }
 
     /// SIGKILL and reap (a no-op when it has exited already).
@@ -128,7 +124,7 @@ impl Proc {
             Ok(None) => {}
             Err(e) => return vec![format!("checking on {name}: {e}")],
         }
-        if let Err(e) = self.signal(libc::SIGTERM) {
+        if let Err(e) = self.signal(Signal::TERM) {
             return vec![format!("sending SIGTERM to {name}: {e}")];
         }
         match self.wait_timeout(timeout) {

@@ -7,6 +7,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure};
+use rustix::process::{kill_process, Pid, Signal};
 
 use super::{RunEnv, BENCH_KEYS};
 use crate::{EngineKind, PointConfig};
@@ -132,10 +133,8 @@ impl BackendProcess {
     /// SIGTERM, then wait (SIGKILL after [`STOP_TIMEOUT`]).
     pub(super) fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         self.stopped = true;
-        // SAFETY: kill(2) on our own child's pid, which is not reaped yet (so not reused).
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        // Our own child's pid, which is not reaped yet (so not reused).
+        let _ = kill_process(Pid::from_child(&self.child), Signal::TERM);
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
             if let Some(st) = self.child.try_wait()? {

@@ -102,9 +102,13 @@ pub(super) fn measure<T>(pid: i32, f: impl FnOnce() -> T) -> anyhow::Result<(T, 
 pub(super) fn host_busy_secs() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     let ticks = parse_host_busy_ticks(&text)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+    Some(ticks_to_secs(ticks))
+}
+
+/// Clock ticks (the unit of /proc's CPU times) in seconds.
+fn ticks_to_secs(ticks: u64) -> f64 {
+    let hz = rustix::param::clock_ticks_per_second();
+    ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 }
 }
 
 /// user + nice + system + irq + softirq + steal of the `cpu` line of /proc/stat (ticks):
@@ -140,9 +144,7 @@ pub(super) fn others_pct(
 fn proc_cpu_secs(stat: &Path) -> Option<f64> {
     let text = std::fs::read_to_string(stat).ok()?;
     let ticks = parse_stat_ticks(&text)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    Some(ticks as f64 / if hz > 0 { hz as f64 } else { 100.0 })
+    Some(ticks_to_secs(ticks))
 }
 
 /// utime + stime (fields 14 and 15) from the text of /proc/PID/stat. The command name (field 2)

@@ -18,7 +18,6 @@
 //! neither root nor the daemon's own is told no and disconnected.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -26,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use rustix::fs::Mode;
+use rustix::net::Shutdown;
 use serde_json::{json, Map, Value};
 
 use super::control::{Control, ControlError, RemoveMode};
@@ -104,7 +105,8 @@ impl RpcError {
 /// The running API server.
 pub struct ApiServer {
     path: PathBuf,
-    listener_fd: i32,
+    /// Shared with the accept thread, which serves it.
+    listener: Arc<UnixListener>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -115,24 +117,21 @@ impl ApiServer {
         super::socket::remove_stale(path)?;
         // The socket file must never be connectable by others, not even between bind and
         // chmod: bind with a umask that leaves only the owner's bits.
-        // SAFETY: umask only swaps the process's file-creation mask; it is restored at once.
-        let old = unsafe { libc::umask(0o177) };
+        let old = rustix::process::umask(Mode::from_raw_mode(0o177));
         let bound = UnixListener::bind(path);
-        // SAFETY: as above.
-        unsafe { libc::umask(old) };
-        let listener = bound?;
+        rustix::process::umask(old);
+        let listener = Arc::new(bound?);
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let listener_fd = listener.as_raw_fd();
         let thread = {
-            let stop = stop.clone();
+            let (listener, stop) = (listener.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("mqblk-api".into())
-                .spawn(move || accept_loop(listener, control, stop))?
+                .spawn(move || accept_loop(&listener, control, stop))?
         };
         Ok(ApiServer {
             path: path.to_path_buf(),
-            listener_fd,
+            listener,
             stop,
             thread: Some(thread),
         })
@@ -141,9 +140,8 @@ impl ApiServer {
     /// Stops accepting and removes the socket file (clients being served finish their line).
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // SAFETY: shutdown(2) on the listening socket the accept thread still owns; it makes
-        // accept() return.
-        unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
+        // Makes the accept thread's accept() return.
+        let _ = rustix::net::shutdown(&*self.listener, Shutdown::Both);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -151,7 +149,7 @@ impl ApiServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, control: Arc<dyn Control>, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: &UnixListener, control: Arc<dyn Control>, stop: Arc<AtomicBool>) {
     let clients = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         let Ok((stream, _)) = listener.accept() else {

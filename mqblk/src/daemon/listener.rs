@@ -2,14 +2,16 @@
 //! time, and serving that frontend's vhost-user messages until it goes away.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use vhost::vhost_user::{BackendReqHandler, Error as VhuError, VhostUserBackendReqHandler};
-use vmm_sys_util::eventfd::EventFd;
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::io::{Errno, FdFlags};
+use rustix::net::{sockopt, AddressFamily, SocketType};
+use vhost::vhost_user::{BackendReqHandler, Error as VhuError};
 
 use super::error::Error;
 use crate::frontend::backend_channel::peek_backend_channel;
@@ -43,44 +45,29 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
 /// activation), after checking that it is one.
 pub fn adopt(fd: RawFd) -> Result<UnixListener, Error> {
     let bad = |why: String| Error::InheritedFd { fd, why };
-    let opt = |name: libc::c_int| -> io::Result<libc::c_int> {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `v`, a live local of that size;
-        // on a descriptor that is not an open socket it fails with EBADF or ENOTSOCK.
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                name,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        if r == 0 {
-            Ok(v)
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    let domain = opt(libc::SO_DOMAIN).map_err(|e| {
-        bad(match e.raw_os_error() {
-            Some(libc::EBADF) => "no such open file descriptor".into(),
-            Some(libc::ENOTSOCK) => "not a socket".into(),
+    // SAFETY: `fd` is not -1 (`fd=` takes 0 and up; socket activation starts at 3), and
+    // nothing in this process owns it, so nothing closes it while borrowed here. It may not be
+    // open at all: the socket options read below then fail with EBADF, which is all this
+    // borrow is used for before the checks pass.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let domain = sockopt::socket_domain(borrowed).map_err(|e| {
+        bad(match e {
+            Errno::BADF => "no such open file descriptor".into(),
+            Errno::NOTSOCK => "not a socket".into(),
             _ => e.to_string(),
         })
     })?;
-    if domain != libc::AF_UNIX {
+    if domain != AddressFamily::UNIX {
         return Err(bad(
             "not a unix socket (vhost-user listens on AF_UNIX)".into()
         ));
     }
-    if opt(libc::SO_TYPE).map_err(|e| bad(e.to_string()))? != libc::SOCK_STREAM {
+    if sockopt::socket_type(borrowed).map_err(|e| bad(e.to_string()))? != SocketType::STREAM {
         return Err(bad(
             "not a stream socket (vhost-user needs SOCK_STREAM)".into()
         ));
     }
-    if opt(libc::SO_ACCEPTCONN).map_err(|e| bad(e.to_string()))? == 0 {
+    if !sockopt::socket_acceptconn(borrowed).map_err(|e| bad(e.to_string()))? {
         return Err(bad(
             "not listening (bind and listen(2) on it before handing it over)".into(),
         ));
@@ -92,8 +79,7 @@ pub fn adopt(fd: RawFd) -> Result<UnixListener, Error> {
     // owns or closes it.
     let listener = unsafe { UnixListener::from_raw_fd(fd) };
     // A child process must not inherit (and hold open) the export's socket.
-    // SAFETY: fcntl on the descriptor just adopted.
-    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let _ = rustix::io::fcntl_setfd(&listener, FdFlags::CLOEXEC);
     Ok(listener)
 }
 
@@ -108,13 +94,13 @@ pub fn bound_path(listener: &UnixListener) -> Option<PathBuf> {
 /// What the listener shares with the export that owns it.
 pub struct ListenerState {
     /// The connection being served, so that a shutdown can wake its reads.
-    pub conn: Mutex<Option<UnixStream>>,
+    pub conn: Mutex<Option<Arc<UnixStream>>>,
     /// Set when the export stops.
     pub stop: AtomicBool,
-    /// Written when the export stops, to wake an accept. (The listening socket itself is not
-    /// shut down for that: an inherited one is shared with whoever handed it over, e.g.
-    /// systemd, which passes it on to the next instance.)
-    pub wake: EventFd,
+    /// An eventfd written when the export stops, to wake an accept. (The listening socket
+    /// itself is not shut down for that: an inherited one is shared with whoever handed it
+    /// over, e.g. systemd, which passes it on to the next instance.)
+    pub wake: OwnedFd,
     /// Frontends accepted since the export started.
     pub connections: AtomicU64,
     /// The session of the connected frontend, for the control plane (resize).
@@ -127,7 +113,7 @@ impl ListenerState {
         Ok(ListenerState {
             conn: Mutex::new(None),
             stop: AtomicBool::new(false),
-            wake: EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?,
+            wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             connections: AtomicU64::new(0),
             session: Mutex::new(None),
         })
@@ -136,7 +122,7 @@ impl ListenerState {
     /// Asks the listener to stop, waking it wherever it waits.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _ = self.wake.write(1);
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
         // Wake the message loop of a connection being served.
         if let Some(s) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -185,24 +171,27 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         served += 1;
         state.connections.fetch_add(1, Ordering::Relaxed);
         tracing::info!(export = %id, connection = served, "frontend connected");
-        match stream.try_clone() {
-            Ok(c) => *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c),
+        // The connection as the listener sees it: polled and peeked at here, shut down by
+        // `stop`, while the handler owns the stream it reads messages from.
+        let conn = match stream.try_clone() {
+            Ok(c) => Arc::new(c),
             Err(e) => {
                 tracing::warn!(err = %e, "cannot clone connection");
                 continue;
             }
-        }
-        let connection = stream.try_clone().ok().map(std::os::fd::OwnedFd::from);
+        };
+        *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        let connection = stream.try_clone().ok().map(OwnedFd::from);
         let session = Arc::new(Mutex::new(Session::new(device.clone(), connection)));
         *state.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         let mut handler = BackendReqHandler::from_stream(stream, session.clone());
         loop {
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
-            if !wait_for_message(&listener, &handler, device.failure().event_fd(), served) {
+            if !wait_for_message(&listener, &conn, device.failure().event_fd(), served) {
                 break;
             }
-            if let Some(channel) = peek_backend_channel(handler.as_raw_fd()) {
+            if let Some(channel) = peek_backend_channel(&*conn) {
                 lock(&session).set_backend_channel(channel);
             }
             // A bug reached through a message ends this connection, not the export: the
@@ -244,53 +233,56 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
     }
 }
 
-/// Polls `fds` for input for up to `timeout_ms` (-1: no limit), retrying when a signal
+/// Polls `fds` for input for up to `timeout` (None: no limit), retrying when a signal
 /// interrupts; returns each descriptor's events, or None when poll fails.
-fn poll_in<const N: usize>(fds: [RawFd; N], timeout_ms: i32) -> Option<[i16; N]> {
-    let mut p = fds.map(|fd| libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    });
+fn poll_in<const N: usize>(
+    fds: [BorrowedFd<'_>; N],
+    timeout: Option<&Timespec>,
+) -> Option<[PollFlags; N]> {
+    let mut p = fds.map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN));
     loop {
-        // SAFETY: poll on N pollfds in a live local array.
-        if unsafe { libc::poll(p.as_mut_ptr(), N as libc::nfds_t, timeout_ms) } >= 0 {
-            return Some(p.map(|p| p.revents));
-        }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return None;
+        match poll(&mut p, timeout) {
+            Ok(_) => return Some(p.map(|p| p.revents())),
+            Err(Errno::INTR) => continue,
+            Err(_) => return None,
         }
     }
 }
 
 /// Waits until a frontend connects (true) or the export stops (false).
-fn wait_for_frontend(listener: &UnixListener, wake: &EventFd) -> bool {
+fn wait_for_frontend(listener: &UnixListener, wake: &OwnedFd) -> bool {
     loop {
-        let Some([conn, stop]) = poll_in([listener.as_raw_fd(), wake.as_raw_fd()], -1) else {
+        let Some([conn, stop]) = poll_in([listener.as_fd(), wake.as_fd()], None) else {
             return false;
         };
-        if stop != 0 {
+        if !stop.is_empty() {
             return false;
         }
-        if conn != 0 {
+        if !conn.is_empty() {
             return true;
         }
     }
 }
 
+/// How long a frontend that reconnects has for its old connection's hang-up to arrive.
+const HANG_UP_GRACE: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 500_000_000,
+};
+
 /// Waits until the connection has a message (true) or is closed or failed, or the export
 /// failed (`failed` readable) (false), turning away any other frontend that connects meanwhile.
-fn wait_for_message<S: VhostUserBackendReqHandler>(
+fn wait_for_message(
     listener: &UnixListener,
-    handler: &BackendReqHandler<S>,
-    failed: RawFd,
+    conn: &UnixStream,
+    failed: BorrowedFd<'_>,
     served: u64,
 ) -> bool {
     loop {
-        let Some(events) = poll_in([handler.as_raw_fd(), listener.as_raw_fd(), failed], -1) else {
+        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed], None) else {
             return false;
         };
-        if events[2] != 0 {
+        if !events[2].is_empty() {
             tracing::warn!(
                 connection = served,
                 "an I/O thread of this export died; closing the connection"
@@ -299,14 +291,14 @@ fn wait_for_message<S: VhostUserBackendReqHandler>(
         }
         // The frontend's own events (a message, or its hang-up) come first, so that a frontend
         // that reconnects right after closing is not mistaken for a second one.
-        if events[0] != 0 {
+        if !events[0].is_empty() {
             return true;
         }
-        if events[1] & libc::POLLIN != 0 {
+        if events[1].contains(PollFlags::IN) {
             // A frontend reconnecting right after closing may reach us before its old
             // connection's hang-up does (e.g. a copy of the old socket lived on briefly in a
             // forked child): give the current connection a moment to hang up first.
-            if poll_in([handler.as_raw_fd()], 500).is_some_and(|[cur]| cur != 0) {
+            if poll_in([conn.as_fd()], Some(&HANG_UP_GRACE)).is_some_and(|[cur]| !cur.is_empty()) {
                 return true;
             }
             if let Ok((extra, _)) = listener.accept() {
@@ -316,7 +308,7 @@ fn wait_for_message<S: VhostUserBackendReqHandler>(
                 );
                 drop(extra);
             }
-        } else if events[1] != 0 {
+        } else if !events[1].is_empty() {
             // The listening socket was shut down (the export is stopping): let the message
             // loop see it.
             return true;

@@ -219,29 +219,22 @@ pub fn blockdev_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
+/// A buffer aligned for any O_DIRECT transfer.
+#[repr(C, align(4096))]
+struct DirectBuf([u8; 4096]);
+
 /// Finds the smallest block size (512 or 4096) that O_DIRECT accepts on `file`.
 fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
-    let layout = std::alloc::Layout::from_size_align(4096, 4096).expect("valid layout");
-    // SAFETY: non-zero size layout; freed below with the same layout.
-    let buf = unsafe { std::alloc::alloc(layout) };
-    if buf.is_null() {
-        return 4096;
-    }
-    let mut found = 4096;
+    let mut buf = Box::new(DirectBuf([0; 4096]));
     for bs in [512usize, 4096] {
         if bs as u64 > capacity {
             break;
         }
-        // SAFETY: `buf` is valid for 4096 bytes and `bs <= 4096`.
-        let r = unsafe { libc::pread(file.as_raw_fd(), buf as *mut libc::c_void, bs, 0) };
-        if r >= 0 {
-            found = bs as u32;
-            break;
+        if rustix::io::pread(file, &mut buf.0[..bs], 0).is_ok() {
+            return bs as u32;
         }
     }
-    // SAFETY: allocated above with this layout.
-    unsafe { std::alloc::dealloc(buf, layout) };
-    found
+    4096
 }
 
 pub(super) fn open_file(

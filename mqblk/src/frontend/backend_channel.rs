@@ -10,8 +10,16 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::{AsFd, RawFd};
 use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::{Errno, IoSliceMut};
+use rustix::net::{
+    recv, recvmsg, send, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendFlags,
+};
 
 /// VHOST_USER_SET_BACKEND_REQ_FD.
 const SET_BACKEND_REQ_FD: u32 = 21;
@@ -24,63 +32,45 @@ const NEED_REPLY: u32 = 0x8;
 /// How long a frontend may take to acknowledge a config change.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Room for a control message that carries exactly one descriptor: CMSG_LEN(sizeof(int)),
+/// which on Linux is the (already aligned) header and the descriptor; aligned as a `cmsghdr`.
+/// Not CMSG_SPACE, whose padding would fit a second descriptor.
+#[repr(C, align(8))]
+struct OneFdControl([MaybeUninit<u8>; size_of::<libc::cmsghdr>() + size_of::<RawFd>()]);
+
 /// Peeks at the next message on the frontend connection `conn`: when it is
 /// SET_BACKEND_REQ_FD, returns a duplicate of the channel descriptor it carries. Reads nothing
 /// off the connection.
-pub fn peek_backend_channel(conn: RawFd) -> Option<File> {
+pub fn peek_backend_channel(conn: impl AsFd) -> Option<File> {
     let mut hdr = [0u8; 12];
     // First the header alone, with no room for descriptors, so that peeking at messages that
     // carry them (memory tables, eventfds) installs nothing.
-    let mut iov = libc::iovec {
-        iov_base: hdr.as_mut_ptr().cast(),
-        iov_len: hdr.len(),
-    };
-    // SAFETY: a zeroed msghdr is valid; it points at one live iovec over `hdr`.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    // SAFETY: recvmsg on a descriptor the caller owns, into buffers that outlive the call.
-    let n = unsafe { libc::recvmsg(conn, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n != hdr.len() as isize
-        || u32::from_le_bytes(hdr[0..4].try_into().ok()?) != SET_BACKEND_REQ_FD
-    {
+    let (n, _) = recv(&conn, &mut hdr, RecvFlags::PEEK | RecvFlags::DONTWAIT).ok()?;
+    if n != hdr.len() || u32::from_le_bytes(hdr[0..4].try_into().ok()?) != SET_BACKEND_REQ_FD {
         return None;
     }
-    // Now with room for exactly one descriptor (CMSG_LEN, not CMSG_SPACE, whose padding would
-    // fit a second): the peek installs a duplicate of it and of nothing more, however many a
-    // hostile frontend attached.
-    let mut cbuf = [0u64; 4];
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    // SAFETY: CMSG_LEN is arithmetic on its argument.
-    msg.msg_controllen = unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as _;
-    // SAFETY: as above; the control buffer is live and its length is given.
-    let n = unsafe {
-        libc::recvmsg(
-            conn,
-            &mut msg,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-        )
-    };
-    if n <= 0 {
+    // Now with room for exactly one descriptor: the peek installs a duplicate of it and of
+    // nothing more, however many a hostile frontend attached.
+    let mut space = OneFdControl([MaybeUninit::uninit(); _]);
+    let mut control = RecvAncillaryBuffer::new(&mut space.0);
+    let msg = recvmsg(
+        &conn,
+        &mut [IoSliceMut::new(&mut hdr)],
+        &mut control,
+        RecvFlags::PEEK | RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+    )
+    .ok()?;
+    if msg.bytes == 0 {
         return None;
     }
-    // SAFETY: CMSG_FIRSTHDR/CMSG_DATA walk the control buffer the kernel filled, within
-    // msg_controllen.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return None;
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const RawFd);
-        // The kernel installed `fd` for us; nobody else owns it.
-        let file = (fd >= 0).then(|| File::from_raw_fd(fd))?;
-        // More than one descriptor came with it: the vhost crate refuses that message, and
-        // the channel is not taken (`file` is closed here).
-        (msg.msg_flags & libc::MSG_CTRUNC == 0).then_some(file)
-    }
+    // The descriptor the kernel installed for us, owned here.
+    let fd = control.drain().find_map(|m| match m {
+        RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
+        _ => None,
+    })?;
+    // More than one descriptor came with it: the vhost crate refuses that message, and the
+    // channel is not taken (`fd` is closed here).
+    (!msg.flags.contains(ReturnFlags::CTRUNC)).then(|| File::from(fd))
 }
 
 /// The channel on which mqblk sends the frontend backend requests.
@@ -114,21 +104,11 @@ impl BackendChannel {
         let mut msg = [0u8; 12];
         msg[0..4].copy_from_slice(&CONFIG_CHANGE_MSG.to_le_bytes());
         msg[4..8].copy_from_slice(&flags.to_le_bytes());
-        // SAFETY: send(2) of a live 12-byte buffer on a descriptor this channel owns.
-        let sent = unsafe {
-            libc::send(
-                self.sock.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if sent != msg.len() as isize {
-            return Err(if sent < 0 {
-                io::Error::last_os_error()
-            } else {
-                io::Error::other("the frontend's channel took part of the message")
-            });
+        let sent = send(&self.sock, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL)?;
+        if sent != msg.len() {
+            return Err(io::Error::other(
+                "the frontend's channel took part of the message",
+            ));
         }
         if !reply_ack {
             return Ok(());
@@ -162,47 +142,24 @@ impl BackendChannel {
         let mut got = 0;
         while got < buf.len() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.sock.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: poll on one live pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let timeout = Timespec::try_from(left).map_err(io::Error::other)?;
+            let mut pfd = [PollFd::new(&self.sock, PollFlags::IN)];
+            match poll(&mut pfd, Some(&timeout)) {
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the frontend did not acknowledge the config change",
+                    ))
                 }
-                return Err(e);
+                Ok(_) => {}
             }
-            if r == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the frontend did not acknowledge the config change",
-                ));
-            }
-            // SAFETY: recv(2) into the live rest of `buf`, without blocking.
-            let n = unsafe {
-                libc::recv(
-                    self.sock.as_raw_fd(),
-                    buf[got..].as_mut_ptr().cast(),
-                    buf.len() - got,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            match n {
-                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n if n > 0 => got += n as usize,
-                _ => {
-                    let e = io::Error::last_os_error();
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) {
-                        return Err(e);
-                    }
-                }
+            match recv(&self.sock, &mut buf[got..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok((n, _)) => got += n,
+                Err(Errno::WOULDBLOCK | Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -211,19 +168,81 @@ impl BackendChannel {
     /// Reads and drops whatever the frontend sent that nobody waited for.
     fn discard_pending(&self) {
         let mut sink = [0u8; 256];
-        loop {
-            // SAFETY: recv(2) into a live buffer, without blocking.
-            let n = unsafe {
-                libc::recv(
-                    self.sock.as_raw_fd(),
-                    sink.as_mut_ptr().cast(),
-                    sink.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n <= 0 {
-                return;
-            }
+        while let Ok((1.., _)) = recv(&self.sock, &mut sink, RecvFlags::DONTWAIT) {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage};
+    use std::os::fd::BorrowedFd;
+    use std::os::unix::net::UnixStream;
+
+    /// The backend's end of a connection on which the frontend sent a message with request
+    /// `request` and `fds` attached.
+    fn sent(request: u32, fds: &[BorrowedFd<'_>]) -> UnixStream {
+        let (frontend, backend) = UnixStream::pair().unwrap();
+        let mut msg = [0u8; 12];
+        msg[0..4].copy_from_slice(&request.to_le_bytes());
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() {
+            assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
         }
+        let n = sendmsg(
+            &frontend,
+            &[io::IoSlice::new(&msg)],
+            &mut control,
+            SendFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(n, msg.len());
+        backend
+    }
+
+    fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
+        let (a, b) = (rustix::fs::fstat(a).unwrap(), rustix::fs::fstat(b).unwrap());
+        (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    }
+
+    #[test]
+    fn the_channel_of_a_set_backend_req_fd_is_taken_and_the_message_left() {
+        let (channel, _) = UnixStream::pair().unwrap();
+        let conn = sent(SET_BACKEND_REQ_FD, &[channel.as_fd()]);
+        let taken = peek_backend_channel(&conn).expect("the channel");
+        assert!(same_file(&taken, &channel));
+        // The message is still there for the vhost crate to read.
+        let mut hdr = [0u8; 12];
+        let (n, _) = recv(&conn, &mut hdr, RecvFlags::DONTWAIT).unwrap();
+        assert_eq!(n, 12);
+        assert_eq!(hdr[0..4], SET_BACKEND_REQ_FD.to_le_bytes());
+    }
+
+    #[test]
+    fn a_set_backend_req_fd_with_two_descriptors_yields_no_channel() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let conn = sent(SET_BACKEND_REQ_FD, &[a.as_fd(), b.as_fd()]);
+        assert!(peek_backend_channel(&conn).is_none());
+    }
+
+    #[test]
+    fn other_messages_yield_no_channel() {
+        let (channel, _) = UnixStream::pair().unwrap();
+        // SET_MEM_TABLE, which carries descriptors too.
+        assert!(peek_backend_channel(sent(5, &[channel.as_fd()])).is_none());
+        assert!(peek_backend_channel(sent(SET_BACKEND_REQ_FD, &[])).is_none());
+        let (frontend, backend) = UnixStream::pair().unwrap();
+        // Half a header.
+        send(
+            &frontend,
+            &SET_BACKEND_REQ_FD.to_le_bytes(),
+            SendFlags::empty(),
+        )
+        .unwrap();
+        assert!(peek_backend_channel(&backend).is_none());
+        // Nothing at all.
+        let (_frontend, backend) = UnixStream::pair().unwrap();
+        assert!(peek_backend_channel(&backend).is_none());
     }
 }

@@ -103,7 +103,7 @@ impl DirtyLog {
             });
         }
         // mmap wants a page-aligned offset: map from the page the log starts in.
-        let page = page_size();
+        let page = rustix::param::page_size() as u64;
         let delta = offset % page;
         let map_len = (size + delta) as usize;
         let map_offset = libc::off_t::try_from(offset - delta)
@@ -191,33 +191,19 @@ fn bits_of(p: u64, end: u64) -> (u64, u8, u64) {
     (p / 8, mask, n)
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf with a valid name.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::FromRawFd;
+    use rustix::fs::{memfd_create, MemfdFlags};
 
-    fn memfd(len: u64, flags: libc::c_uint) -> File {
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"dirty-log-test".as_ptr(), flags) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor, owned by the File alone.
-        let f = unsafe { File::from_raw_fd(fd) };
+    fn memfd(len: u64, flags: MemfdFlags) -> File {
+        let f = File::from(memfd_create(c"dirty-log-test", flags).unwrap());
         f.set_len(len).unwrap();
         f
     }
 
     fn sealable(len: u64) -> File {
-        memfd(len, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        memfd(len, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
     }
 
     fn read(f: &File, at: u64, n: usize) -> Vec<u8> {
@@ -288,16 +274,12 @@ mod tests {
         ));
         // A memfd created without MFD_ALLOW_SEALING carries F_SEAL_SEAL: it could shrink.
         assert!(matches!(
-            DirtyLog::map(memfd(4096, libc::MFD_CLOEXEC), 0, 16),
+            DirtyLog::map(memfd(4096, MemfdFlags::CLOEXEC), 0, 16),
             Err(LogError::Unsealable(_))
         ));
         // A pipe is no file to map.
-        let mut fds = [0; 2];
-        // SAFETY: pipe with a live 2-element array; the results are checked and owned.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: fresh descriptors, each owned by one File.
-        let (r, _w) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
-        assert!(DirtyLog::map(r, 0, 16).is_err());
+        let (r, _w) = rustix::pipe::pipe().unwrap();
+        assert!(DirtyLog::map(File::from(r), 0, 16).is_err());
     }
 
     #[test]

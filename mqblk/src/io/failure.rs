@@ -5,12 +5,12 @@
 //! `export_add` bring the export back with new threads.
 
 use std::any::Any;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use vmm_sys_util::eventfd::EventFd;
+use rustix::event::{eventfd, EventfdFlags};
 
 use super::thread::IoThread;
 
@@ -19,8 +19,8 @@ use super::thread::IoThread;
 pub struct Failure {
     failed: AtomicBool,
     reason: Mutex<Option<String>>,
-    /// Readable once failed (never reset: a failed export stays failed).
-    event: EventFd,
+    /// An eventfd, readable once failed (never reset: a failed export stays failed).
+    event: OwnedFd,
 }
 
 impl Failure {
@@ -29,7 +29,7 @@ impl Failure {
         Ok(Failure {
             failed: AtomicBool::new(false),
             reason: Mutex::new(None),
-            event: EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)?,
+            event: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
         })
     }
 
@@ -40,7 +40,7 @@ impl Failure {
             *reason = Some(format!("{thread}: {why}"));
         }
         self.failed.store(true, Ordering::Release);
-        let _ = self.event.write(1);
+        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
     }
 
     /// Whether an I/O thread of the export died.
@@ -57,8 +57,8 @@ impl Failure {
     }
 
     /// A descriptor that polls readable once the export has failed.
-    pub fn event_fd(&self) -> RawFd {
-        self.event.as_raw_fd()
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        self.event.as_fd()
     }
 }
 

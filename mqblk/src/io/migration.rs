@@ -155,21 +155,18 @@ pub fn used_ring_len(size: u16) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::{memfd_create, MemfdFlags};
     use std::fs::File;
-    use std::os::fd::FromRawFd;
     use vm_memory::GuestMemoryBackend;
 
     fn log_file(len: u64) -> (File, File) {
-        // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-        let fd = unsafe {
-            libc::memfd_create(
-                c"migration-test".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        let f = File::from(
+            memfd_create(
+                c"migration-test",
+                MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
             )
-        };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor, owned by the File alone.
-        let f = unsafe { File::from_raw_fd(fd) };
+            .unwrap(),
+        );
         f.set_len(len).unwrap();
         let view = f.try_clone().unwrap();
         (f, view)

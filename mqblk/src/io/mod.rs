@@ -52,6 +52,7 @@ use std::fs::File;
 use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::Arc;
 
+use rustix::thread::{sched_setaffinity, CpuSet};
 use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -283,18 +284,14 @@ pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<Io
 }
 
 fn pin_to_cpu(cpu: usize) {
-    if cpu >= libc::CPU_SETSIZE as usize {
+    if cpu >= CpuSet::MAX_CPU {
         tracing::warn!(cpu, "CPU number too large to pin to");
         return;
     }
-    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it for cpu < CPU_SETSIZE (checked
-    // above); sched_setaffinity reads it for the calling thread (pid 0).
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r != 0 {
-        tracing::warn!(cpu, err = %std::io::Error::last_os_error(), "could not pin I/O thread");
+    let mut set = CpuSet::new();
+    set.set(cpu);
+    // None: the calling thread.
+    if let Err(e) = sched_setaffinity(None, &set) {
+        tracing::warn!(cpu, err = %e, "could not pin I/O thread");
     }
 }

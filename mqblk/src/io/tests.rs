@@ -4,11 +4,13 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rustix::event::{poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::fs::{memfd_create, MemfdFlags};
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor;
@@ -27,34 +29,20 @@ const USED: u64 = 0x2000;
 const CAPACITY: u64 = 1 << 20;
 
 fn eventfd() -> File {
-    // SAFETY: eventfd(2) with valid flags; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor, owned by the File alone.
-    unsafe { File::from_raw_fd(fd) }
+    File::from(rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap())
 }
 
 fn signal(f: &File) {
-    let one = 1u64.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live buffer to an eventfd we own.
-    let written = unsafe { libc::write(f.as_raw_fd(), one.as_ptr().cast(), 8) };
-    assert_eq!(written, 8);
+    assert_eq!(rustix::io::write(f, &1u64.to_ne_bytes()), Ok(8));
 }
 
 /// Waits up to `timeout` for an eventfd to be signalled, and consumes the signal.
 fn wait_signalled(f: &File, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: f.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll on one valid descriptor in a live local.
-    if unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) } != 1 {
+    let timeout = Timespec::try_from(timeout).unwrap();
+    if poll(&mut [PollFd::new(f, PollFlags::IN)], Some(&timeout)) != Ok(1) {
         return false;
     }
-    let mut v = [0u8; 8];
-    // SAFETY: reads 8 bytes into a live buffer from an eventfd we own.
-    unsafe { libc::read(f.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+    let _ = rustix::io::read(f, &mut [0u8; 8]);
     true
 }
 
@@ -146,9 +134,7 @@ impl Channel for FakeChannel {
         Some(self.events.as_raw_fd())
     }
     fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
-        let mut v = [0u8; 8];
-        // SAFETY: reads the (non-blocking) eventfd's counter into a live buffer.
-        unsafe { libc::read(self.events.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        let _ = rustix::io::read(&self.events, &mut [0u8; 8]);
         while let Some((t, r)) = self.done.pop_front() {
             done(t, r);
         }
@@ -387,16 +373,13 @@ fn a_stop_waits_for_in_flight_requests_and_reports_the_next_avail_index() {
 
 /// A log of `bytes` bytes in a memfd, and a second handle on the file to read it.
 fn dirty_log(bytes: u64) -> (Arc<super::dirty_log::DirtyLog>, File) {
-    // SAFETY: memfd_create with a valid NUL-terminated name; the result is checked.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"io-test-log".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+    let f = File::from(
+        memfd_create(
+            c"io-test-log",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
         )
-    };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor, owned by the File alone.
-    let f = unsafe { File::from_raw_fd(fd) };
+        .unwrap(),
+    );
     f.set_len(bytes).unwrap();
     let view = f.try_clone().unwrap();
     (

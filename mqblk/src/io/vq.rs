@@ -252,11 +252,7 @@ mod tests {
     use vm_memory::{Address, GuestAddress};
 
     fn eventfd() -> File {
-        // SAFETY: eventfd(2) with valid flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor, owned by the File alone.
-        unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+        File::from(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap())
     }
 
     fn setup(mem: &GuestMemory, event_idx: bool) -> (MockSplitQueue<'_, GuestMemory>, Vq) {

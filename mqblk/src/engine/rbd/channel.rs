@@ -5,13 +5,13 @@
 //! request path adds no thread of its own: librbd's own threads do the network I/O.
 
 use std::ffi::c_void;
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr;
 use std::sync::Arc;
 
 use mqblk_rbd_sys as sys;
+use rustix::event::{eventfd, EventfdFlags};
 
 use super::cluster::{Cluster, Image};
 use crate::engine::{Channel, Op, Started};
@@ -52,7 +52,7 @@ const POLL_BATCH: usize = 64;
 /// One I/O thread's image handle and completion eventfd.
 pub struct RbdChannel {
     image: Image,
-    events: File,
+    events: OwnedFd,
     /// librbd's cache is on: write-through writes need a flush.
     cache: bool,
     polled: Vec<sys::rbd_completion_t>,
@@ -67,13 +67,7 @@ impl RbdChannel {
         cache: bool,
     ) -> io::Result<RbdChannel> {
         let image = cluster.open(image, readonly)?;
-        // SAFETY: creates a new descriptor, owned by the `File` below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor nothing else owns.
-        let events = unsafe { File::from_raw_fd(fd) };
+        let events = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         // SAFETY: an open handle and a live eventfd, which outlives the handle (the image is
         // closed before `events` is dropped: fields drop in declaration order).
         let r = unsafe {
@@ -190,9 +184,7 @@ impl Channel for RbdChannel {
     fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
         // Reset the eventfd first: a completion queued after this read writes it again, so
         // its poll fires again and nothing is left behind.
-        let mut v = [0u8; 8];
-        // SAFETY: reads the non-blocking eventfd's counter into a live 8-byte buffer.
-        unsafe { libc::read(self.events.as_raw_fd(), v.as_mut_ptr().cast(), 8) };
+        let _ = rustix::io::read(&self.events, &mut [0u8; 8]);
         loop {
             // SAFETY: an open handle; librbd writes at most `polled.len()` completions into
             // the live buffer.
