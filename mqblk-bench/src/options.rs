@@ -73,7 +73,8 @@ pub struct BenchArgs {
     /// variant with another mqblk executable (compare two builds in one run); `stats-dir=DIR`
     /// puts its stats file in DIR instead of the run's temporary directory (on /dev/shm where
     /// there is one), e.g. on the image's filesystem to see what rewriting a file there every
-    /// 100 ms costs (docs/PERFORMANCE.md 1a).
+    /// 100 ms costs (docs/PERFORMANCE.md 1a); `sandbox=auto|strict|off` serves that variant
+    /// with `--sandbox` set so (what confinement costs).
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
     /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on
@@ -280,6 +281,13 @@ impl BenchOptions {
                          --size, --mode)"
                     ));
                 }
+                if let Some(mode) = kv.strip_prefix("sandbox=") {
+                    if !["auto", "strict", "off"].contains(&mode) {
+                        return Err(format!(
+                            "--mqblk-opts {o}: sandbox={mode}: auto, strict or off"
+                        ));
+                    }
+                }
                 if let Some(dir) = kv.strip_prefix("stats-dir=") {
                     if !Path::new(dir).is_dir() {
                         return Err(format!(
@@ -373,6 +381,9 @@ mod tests {
         assert!(e.contains("queues="), "{e}");
         let e = test_options("--runtime 0").unwrap_err();
         assert!(e.contains("--runtime"), "{e}");
+        let e = test_options("--mqblk-opts sandbox=maybe").unwrap_err();
+        assert!(e.contains("auto, strict or off"), "{e}");
+        assert!(test_options("--mqblk-opts sandbox=off").is_ok());
         let o = test_options(
             "--mqblk-opts poll=off, --mqblk-opts= --engine uring --backend native,mqblk",
         )

@@ -30,8 +30,8 @@ use self::usage::measure;
 pub use self::usage::{parse_host_busy_ticks, parse_stat_ticks, parse_status, ProcMem};
 
 /// Keys of a `--mqblk-opts` variant that the bench takes for itself (the others are export
-/// keys): the mqblk executable, and the directory of its stats file.
-const BENCH_KEYS: [&str; 2] = ["bin", "stats-dir"];
+/// keys): the mqblk executable, the directory of its stats file, and its `--sandbox`.
+const BENCH_KEYS: [&str; 3] = ["bin", "stats-dir", "sandbox"];
 
 /// Checks that the binaries the chosen backends need are there.
 pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {

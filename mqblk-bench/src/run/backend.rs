@@ -47,8 +47,9 @@ impl RunEnv<'_> {
             _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
         }
         // `bin=PATH` picks the mqblk executable for this variant (A/B of two builds in one
-        // run), `stats-dir=` where its stats file goes (see `run_point`); every other key goes
-        // to the export.
+        // run), `stats-dir=` where its stats file goes (see `run_point`), `sandbox=` its
+        // `--sandbox` (given only when set, so that a build from before the sandbox runs);
+        // every other key goes to the export.
         for kv in o.mqblk_opts[p.variant].split(',').filter(|k| !k.is_empty()) {
             if !BENCH_KEYS.iter().any(|k| kv.starts_with(&format!("{k}="))) {
                 spec.push(',');
@@ -66,6 +67,9 @@ impl RunEnv<'_> {
             .arg(stats)
             .arg("--log-level")
             .arg("warn");
+        if let Some(mode) = self.variant_value(p, "sandbox") {
+            cmd.arg("--sandbox").arg(mode);
+        }
         cmd
     }
 
