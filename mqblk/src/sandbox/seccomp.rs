@@ -268,6 +268,9 @@ fn compile(ctx: &Context, lists: &[&[i64]], control: bool) -> Result<BpfProgram,
         .map_err(|e: seccompiler::BackendError| err(e))
 }
 
+/// prctl(2)'s PR_GET_AUXV ("AUXV"), which the libc crate does not name.
+const PR_GET_AUXV: u64 = 0x4155_5856;
+
 /// `arg` (a 32-bit argument) equals `value`.
 fn arg_eq(arg: u8, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
@@ -305,8 +308,13 @@ fn conditional_rules(
         (libc::SYS_tgkill, vec![one(arg_eq(0, u64::from(ctx.pid))?)?]),
     ];
     // Thread names: every thread reads its own (the SIGSYS report); control threads set them,
-    // and set no_new_privs again as an I/O thread adds its filter.
-    let mut prctl = vec![one(arg_eq(0, libc::PR_GET_NAME as u64)?)?];
+    // and set no_new_privs again as an I/O thread adds its filter. Any thread may read the
+    // process's auxiliary vector: rustix takes the page size from it (PR_GET_AUXV, Linux 6.4;
+    // on older kernels it reads /proc/self/auxv), e.g. when a dirty log is mapped.
+    let mut prctl = vec![
+        one(arg_eq(0, libc::PR_GET_NAME as u64)?)?,
+        one(arg_eq(0, PR_GET_AUXV)?)?,
+    ];
     if control {
         prctl.push(one(arg_eq(0, libc::PR_SET_NAME as u64)?)?);
         prctl.push(one(arg_eq(0, libc::PR_SET_NO_NEW_PRIVS as u64)?)?);
