@@ -11,7 +11,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, Mmap
 
 use super::error::{Error, Result};
 use crate::io::GuestMemory;
-use crate::shm::{self, FaultGuard, Protection};
+use crate::shm::{FaultGuard, Protection};
 
 /// Memory slots we accept (CONFIGURE_MEM_SLOTS); QEMU's own limit.
 pub const MAX_MEM_SLOTS: u64 = 509;
@@ -50,6 +50,7 @@ fn map_region(
         return Err(bad("size 0".into()));
     }
     let size = usize::try_from(region.memory_size).map_err(|_| bad("too large".into()))?;
+    let protection = Protection::of(&file);
     let file_len = file
         .metadata()
         .map_err(|e| bad(format!("cannot stat its file: {e}")))?
@@ -62,25 +63,15 @@ fn map_region(
             { region.mmap_offset }
         )));
     }
-    let protect_from = file
-        .try_clone()
-        .map_err(|e| bad(format!("cannot duplicate its descriptor: {e}")))?;
     let mmap = MmapRegion::from_file(FileOffset::new(file, region.mmap_offset), size)
         .map_err(|e| bad(format!("cannot map: {e}")))?;
-    let guard = match shm::protect(
-        &protect_from,
-        mmap.as_ptr(),
-        mmap.size(),
-        connection.map(|c| c.as_fd()),
-    ) {
-        Ok(Protection::Sealed) => None,
-        Ok(Protection::Guarded(g)) => Some(g),
-        Err(e) => {
-            return Err(bad(format!(
+    let guard = protection
+        .guard(mmap.as_ptr(), mmap.size(), connection.map(|c| c.as_fd()))
+        .map_err(|e| {
+            bad(format!(
                 "its file cannot be sealed against shrinking, nor its mapping guarded: {e}"
-            )))
-        }
-    };
+            ))
+        })?;
     let r = GuestRegionMmap::new(mmap, GuestAddress(region.guest_phys_addr))
         .ok_or_else(|| bad("guest-physical range overflows".into()))?;
     Ok((Arc::new(r), guard))

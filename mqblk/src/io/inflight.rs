@@ -116,6 +116,7 @@ impl InflightRegion {
         if num_queues == 0 || queue_size == 0 || size < need || size > (1 << 30) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
+        let protection = Protection::of(&file);
         let file_len = file.metadata()?.len();
         if offset.checked_add(size).is_none_or(|end| end > file_len) {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -137,9 +138,8 @@ impl InflightRegion {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let guard = match shm::protect(&file, ptr as *const u8, size as usize, connection) {
-            Ok(Protection::Sealed) => None,
-            Ok(Protection::Guarded(g)) => Some(g),
+        let guard = match protection.guard(ptr as *const u8, size as usize, connection) {
+            Ok(g) => g,
             Err(e) => {
                 // SAFETY: exactly what mmap returned; nothing else refers to it yet.
                 unsafe { libc::munmap(ptr, size as usize) };

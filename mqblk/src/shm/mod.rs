@@ -15,7 +15,7 @@
 //!   connection of the frontend that shared it. The truncation costs that frontend its
 //!   connection and nothing else.
 //!
-//! [`protect`] picks between the two for one mapping.
+//! [`Protection`] picks between the two for one file and its mapping.
 
 pub mod fault;
 pub mod seal;
@@ -25,31 +25,41 @@ use std::os::fd::BorrowedFd;
 
 pub use fault::FaultGuard;
 
-/// How a mapping of a frontend's file is kept from faulting the daemon.
+/// How a mapping of a frontend's file is kept from faulting the daemon. Decided before the
+/// file's length is checked: a length checked after sealing stays true, while one checked
+/// before could change before the seal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protection {
     /// The file can never shrink (it was sealed already, or mqblk sealed it).
     Sealed,
-    /// The file can shrink; a fault in its mapping is contained by this guard, which must live
-    /// at least as long as the mapping.
-    Guarded(FaultGuard),
+    /// The file can shrink: its mappings need a [`FaultGuard`].
+    Unsealable,
 }
 
-/// Protects `len` bytes mapped at `addr` from `file`, which the frontend on `connection` shared:
-/// seals the file against shrinking where it can, and guards the mapping otherwise.
-///
-/// Call it right after mapping, before any access. Fails only when the file can be neither
-/// sealed nor guarded (every guard slot is taken).
-pub fn protect(
-    file: &File,
-    addr: *const u8,
-    len: usize,
-    connection: Option<BorrowedFd<'_>>,
-) -> std::io::Result<Protection> {
-    match seal::against_shrinking(file) {
-        Ok(()) => Ok(Protection::Sealed),
-        Err(why) => {
-            tracing::debug!(%why, "shared file cannot be sealed; its mapping is fault-guarded");
-            FaultGuard::new(addr, len, connection).map(Protection::Guarded)
+impl Protection {
+    /// Seals `file`, which a frontend shared, against shrinking where it can.
+    pub fn of(file: &File) -> Protection {
+        match seal::against_shrinking(file) {
+            Ok(()) => Protection::Sealed,
+            Err(why) => {
+                tracing::debug!(%why, "shared file cannot be sealed; its mapping is fault-guarded");
+                Protection::Unsealable
+            }
+        }
+    }
+
+    /// The guard a mapping of `len` bytes at `addr` of the file needs (none when sealed); a
+    /// fault in it shuts `connection` down. Take it right after mapping, before any access.
+    /// Fails only when every guard slot is taken.
+    pub fn guard(
+        self,
+        addr: *const u8,
+        len: usize,
+        connection: Option<BorrowedFd<'_>>,
+    ) -> std::io::Result<Option<FaultGuard>> {
+        match self {
+            Protection::Sealed => Ok(None),
+            Protection::Unsealable => FaultGuard::new(addr, len, connection).map(Some),
         }
     }
 }
