@@ -188,7 +188,8 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         loop {
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
-            if !wait_for_message(&listener, &conn, device.failure().event_fd(), served) {
+            let ends = [device.failure().event_fd(), state.wake.as_fd()];
+            if !wait_for_message(&listener, &conn, ends, served) {
                 break;
             }
             if let Some(channel) = peek_backend_channel(&*conn) {
@@ -223,6 +224,9 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         }
         *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *state.session.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // The frontend sees the connection end now, before the drain: the session and its
+        // fault guards hold copies of the socket until they are reset.
+        let _ = conn.shutdown(std::net::Shutdown::Both);
         drop(handler);
         // Drain the connection's in-flight I/O and forget its memory.
         let reset =
@@ -270,16 +274,17 @@ const HANG_UP_GRACE: Timespec = Timespec {
     tv_nsec: 500_000_000,
 };
 
-/// Waits until the connection has a message (true) or is closed or failed, or the export
-/// failed (`failed` readable) (false), turning away any other frontend that connects meanwhile.
+/// Waits until the connection has a message (true), or is closed or failed, or the export
+/// failed (`failed` readable) or stops (`stopping` readable) (false), turning away any other
+/// frontend that connects meanwhile.
 fn wait_for_message(
     listener: &UnixListener,
     conn: &UnixStream,
-    failed: BorrowedFd<'_>,
+    [failed, stopping]: [BorrowedFd<'_>; 2],
     served: u64,
 ) -> bool {
     loop {
-        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed], None) else {
+        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed, stopping], None) else {
             return false;
         };
         if !events[2].is_empty() {
@@ -287,6 +292,11 @@ fn wait_for_message(
                 connection = served,
                 "an I/O thread of this export died; closing the connection"
             );
+            return false;
+        }
+        // The export stops: `stop` may have come before this connection was stored where it
+        // could shut it down, so the wake eventfd is watched too.
+        if !events[3].is_empty() {
             return false;
         }
         // The frontend's own events (a message, or its hang-up) come first, so that a frontend
