@@ -447,11 +447,11 @@ fn export_set_qos_limits_a_running_export_and_lifts_the_limit() {
     let r = api.ok("export_set_qos", json!({"id": "q"}));
     assert_eq!(r["qos"], json!({}), "no key: no limit ({r})");
     let free = rate();
-    // Lifted: above the limited run's band (at most 1250), and back to the rate without a
-    // limit measured above, within the factor of 4 that other work on a shared 2-CPU machine
-    // can cost a 1.5 s run.
+    // Lifted: five times the limit at least, and back to the rate without a limit measured
+    // above, within the factor of 4 that other work on a shared 2-CPU machine can cost a 1.5 s
+    // run.
     assert!(
-        free > 1250.0 && free > unlimited / 4.0,
+        free > 5000.0 && free > unlimited / 4.0,
         "the limit was lifted, yet {free:.0} IOPS ({unlimited:.0} before any limit)"
     );
     assert!(d.stop().success());

@@ -87,9 +87,18 @@ fn a_panicking_io_thread_fails_only_its_export() {
             && text.contains("mqblk_export_failed{export=\"b\"} 0"),
         "{text}"
     );
-    // A new frontend of the failed export is turned away at once.
+    // A new frontend of the failed export is turned away: the socket still listens, and the
+    // daemon closes what connects.
+    assert!(is_listening(&a), "the failed export's socket is gone");
     let refused = Session::negotiate(&a);
     assert!(refused.is_err(), "a failed export accepted a frontend");
+    assert!(
+        daemon
+            .log()
+            .contains("a frontend connected to a failed export"),
+        "{}",
+        daemon.log()
+    );
 
     bystander.wait_served_more(20);
     assert!(daemon.has_exited().is_none(), "{}", daemon.log());

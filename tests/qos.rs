@@ -381,15 +381,16 @@ fn a_limit_changed_at_runtime_takes_effect_within_a_second() {
         "{high:.0}/s with iops-total=4000"
     );
     // Unlimited, the export must run well above the highest limit, or the rates above could be
-    // the machine's and not the limits'. Lifted, it must leave the 4000/s limit's band and come
-    // back to the unlimited rate measured in this test, within a factor of 4 for what other work
-    // on a shared 2-CPU machine can cost a window (2.2 once here).
+    // the machine's and not the limits'. Lifted, it must run at twice that limit at least (as
+    // it must unlimited), and come back to the unlimited rate measured in this test, within a
+    // factor of 4 for what other work on a shared 2-CPU machine can cost a window (2.2 once
+    // here).
     assert!(
         free > 2.0 * 4000.0,
         "unlimited, the export ran at only {free:.0}/s: too slow to show a 4000/s limit"
     );
     assert!(
-        lifted > 1.1 * 4000.0 && lifted > free / 4.0,
+        lifted > 2.0 * 4000.0 && lifted > free / 4.0,
         "unlimited: {free:.0}/s before, {lifted:.0}/s after the limit was lifted"
     );
     // An invalid change is refused, names the key, and changes nothing.

@@ -606,9 +606,10 @@ pub fn connect_retry(socket: &Path, opts: &ConnectOptions) -> Result<Client, Str
 
 /// How many file descriptors process `pid` has open (0 if it cannot be read).
 pub fn fd_count(pid: u32) -> usize {
+    // A failed read is a failure, not 0: a before/after comparison of two zeros would pass.
     std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}"))
+        .count()
 }
 
 /// A libblkio client of `socket` that has been served one read. Once it has, every earlier
