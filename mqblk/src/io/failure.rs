@@ -75,7 +75,7 @@ pub(super) fn panic_message(payload: &(dyn Any + Send)) -> String {
 const SETTLE: Duration = Duration::from_secs(10);
 
 impl IoThread {
-    /// Cleans up after the thread's loop panicked: refuses further commands (their senders
+    /// Cleans up after the thread's loop panicked or its ring failed: refuses further commands (their senders
     /// see the thread gone, as after a shutdown), then waits until the kernel has finished
     /// every I/O the thread started, which may still write into guest memory and the thread's
     /// iovecs. If that cannot be shown within [`SETTLE`], the thread's state is leaked rather
@@ -114,7 +114,9 @@ impl IoThread {
             if self.ring.io_at_device() == 0 {
                 break;
             }
-            self.ring.wait_at_most(deadline - now, &mut self.counters);
+            if self.ring.wait_at_most(deadline - now, &mut self.counters).is_err() {
+                return false;
+            }
         }
         true
     }

@@ -250,10 +250,11 @@ pub fn spawn(cfg: IoThreadConfig, engine: Arc<dyn Engine>) -> std::io::Result<Io
                     // A panic ends this thread and its export, never the daemon: the loop runs
                     // under catch_unwind, and what it leaves is cleaned up by `abandon`.
                     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run())) {
-                        Ok(()) if t.shutdown => {}
-                        Ok(()) => {
-                            tracing::error!(thread = %name, "I/O thread stopped: its io_uring failed; the export is failed");
-                            failure.record(&name, "its io_uring failed");
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::error!(thread = %name, err = %e, "I/O thread stopped: its io_uring failed; the export is failed");
+                            failure.record(&name, &format!("its io_uring failed: {e}"));
+                            t.abandon();
                         }
                         Err(payload) => {
                             let why = failure::panic_message(&*payload);

@@ -378,9 +378,13 @@ impl Ring {
     }
 
     /// Sleeps until a completion arrives or `at_most` has passed.
-    pub fn wait_at_most(&mut self, at_most: std::time::Duration, c: &mut IoCounters) {
+    pub fn wait_at_most(
+        &mut self,
+        at_most: std::time::Duration,
+        c: &mut IoCounters,
+    ) -> io::Result<()> {
         self.push_timeout(at_most, Token::Ignore, c);
-        let _ = self.submit_and_wait(c);
+        self.submit_and_wait(c)
     }
 
     /// Whether the engine I/Os queued so far should go to the kernel now, before the rest of

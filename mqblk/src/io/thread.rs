@@ -155,8 +155,10 @@ impl IoThread {
         Ok(t)
     }
 
-    /// The loop: reap, gather and start, finish stops, notify; then poll or sleep.
-    pub(super) fn run(&mut self) {
+    /// The loop: reap, gather and start, finish stops, notify; then poll or sleep. Returns
+    /// once told to shut down and drained, or with the error of an io_uring that stopped
+    /// working.
+    pub(super) fn run(&mut self) -> std::io::Result<()> {
         loop {
             self.tick();
             self.reap();
@@ -188,13 +190,14 @@ impl IoThread {
             }
             let slept = Instant::now();
             if let Err(e) = self.ring.submit_and_wait(&mut self.counters) {
-                tracing::error!(err = %e, "io_uring_enter failed; I/O thread stops");
-                break;
+                self.shared.publish(&self.counters, self.engine_in_flight);
+                return Err(e);
             }
             self.counters.sleeps += 1;
             self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
         }
         self.shared.publish(&self.counters, self.engine_in_flight);
+        Ok(())
     }
 
     /// Reads the clock for this loop iteration (`now_ns`) and adds the time since the last
