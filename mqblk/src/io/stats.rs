@@ -137,7 +137,8 @@ counters! {
     requests,
     /// Requests that completed with IOERR or UNSUPP, or were returned unanswered.
     errors,
-    /// io_uring_enter calls that handed at least one I/O to the engine.
+    /// io_uring_enter calls that handed at least one I/O to the engine (requests handed to
+    /// the engine over these: the requests per submit).
     submits,
     /// io_uring_enter calls of any kind (submissions, waits, notification-only submits).
     enters,
@@ -190,8 +191,8 @@ counters! {
     used_per_notify_16_31,
     /// Guest notifications that published 32 or more used entries.
     used_per_notify_32_up,
-    /// Requests answered, by request type (`blk::ReqType`), whatever their status; GET_ID is
-    /// counted in `requests` only.
+    /// Requests answered, by request type (op), whatever their status.
+    // By `blk::ReqType`: GET_ID has none and is counted in `requests` only.
     op_requests: [u64; ReqType::COUNT],
     /// Bytes read, written, discarded or zeroed by requests answered OK, by request type.
     op_bytes: [u64; ReqType::COUNT],
@@ -201,9 +202,9 @@ counters! {
     /// Latency of the requests answered, summed by request type: from the I/O thread's loop
     /// iteration that took a request off its virtqueue to the one that answered it.
     op_latency_ns: [u64; ReqType::COUNT],
-    /// Latency of the requests answered, a histogram by request type: from the I/O thread's
-    /// loop iteration that took a request off its virtqueue to the one that answered it;
-    /// bucket i counts those of at most 2^i µs, the last bucket the rest.
+    /// Latency of the requests answered, by request type: from the I/O thread's loop
+    /// iteration that took a request off its virtqueue to the one that answered it.
+    // A histogram: bucket i counts those of at most 2^i µs, the last bucket the rest.
     op_latency: [[u64; LATENCY_BUCKETS]; ReqType::COUNT],
 }
 
