@@ -16,7 +16,6 @@ use support::daemon::*;
 use support::frontend::*;
 use support::hostile::Bystander;
 use support::mem::{memfd, sealable_memfd, SharedMem};
-use support::wait::wait_until;
 use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 
@@ -62,20 +61,6 @@ fn kick(s: &Session) {
     s.rings[0].kick.write(1).unwrap();
 }
 
-fn wait_for_log(daemon: &mut Daemon, text: &str, within: Duration) {
-    let found = wait_until(within, || daemon.log().contains(text));
-    assert!(
-        daemon.has_exited().is_none(),
-        "the daemon died:\n{}",
-        daemon.log()
-    );
-    assert!(
-        found,
-        "no '{text}' in the log within {within:?}:\n{}",
-        daemon.log()
-    );
-}
-
 /// The fault in `what` (as the log names it) was contained: the daemon closed the session's
 /// connection, said why, and lives.
 fn contained(daemon: &mut Daemon, s: &Session, what: &str) {
@@ -83,8 +68,14 @@ fn contained(daemon: &mut Daemon, s: &Session, what: &str) {
         s.conn.closed_by_peer(Duration::from_secs(10)),
         "the daemon kept the connection of a frontend that truncated {what}"
     );
-    wait_for_log(daemon, CONTAINED, Duration::from_secs(10));
+    let found = daemon.wait_for_log(CONTAINED, Duration::from_secs(10));
+    assert!(
+        daemon.has_exited().is_none(),
+        "the daemon died:\n{}",
+        daemon.log()
+    );
     let log = daemon.log();
+    assert!(found, "no '{CONTAINED}' in the log:\n{log}");
     assert!(log.contains(&format!("what=\"{what}\"")), "{log}");
 }
 

@@ -447,6 +447,11 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits (up to `within`) until the log holds `text`; whether it came.
+    pub fn wait_for_log(&self, text: &str, within: Duration) -> bool {
+        super::wait::wait_until(within, || self.log().contains(text))
+    }
+
     fn wait_listening(&mut self, socket: &Path) {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         let mut appeared: Option<Instant> = None;

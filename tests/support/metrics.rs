@@ -2,28 +2,24 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::daemon::{Daemon, STARTUP_TIMEOUT};
 
 /// Where the daemon serves its metrics: it was asked for port 0 and logs the one it got.
 pub fn metrics_addr(d: &Daemon) -> SocketAddr {
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    loop {
-        let log = d.log();
-        if let Some(line) = log.lines().find(|l| l.contains("serving metrics")) {
-            let addr = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("addr="))
-                .unwrap_or_else(|| panic!("no addr= in {line}"));
-            return addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not log its metrics address\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        d.wait_for_log("serving metrics", STARTUP_TIMEOUT),
+        "the daemon did not log its metrics address\n{}",
+        d.log()
+    );
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving metrics")).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .unwrap_or_else(|| panic!("no addr= in {line}"));
+    addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"))
 }
 
 /// An HTTP GET of `path`: (status line, headers, body).

@@ -114,7 +114,11 @@ impl IoThread {
             if self.ring.io_at_device() == 0 {
                 break;
             }
-            if self.ring.wait_at_most(deadline - now, &mut self.counters).is_err() {
+            if self
+                .ring
+                .wait_at_most(deadline - now, &mut self.counters)
+                .is_err()
+            {
                 return false;
             }
         }
