@@ -222,11 +222,16 @@ impl IoFilters {
 /// confined as usual, so that `scripts/seccomp-measure.sh` can record what each thread role
 /// calls; a release build has no such setting.
 fn mismatch_action() -> SeccompAction {
-    #[cfg(debug_assertions)]
-    if std::env::var_os("MQBLK_SECCOMP_LOG").is_some_and(|v| v == "1") {
+    if measuring() {
         return SeccompAction::Log;
     }
     SeccompAction::Trap
+}
+
+/// Whether this (debug) run lets calls outside the allowlists through to be measured
+/// (`MQBLK_SECCOMP_LOG=1`); never in a release build.
+pub(super) fn measuring() -> bool {
+    cfg!(debug_assertions) && std::env::var_os("MQBLK_SECCOMP_LOG").is_some_and(|v| v == "1")
 }
 
 /// The architecture the filters are compiled for: this one.
