@@ -12,11 +12,15 @@
 //! - [`io`]: the I/O threads and the request path;
 //! - [`shm`]: shared memory a frontend cannot truncate from under the daemon (seals, fault
 //!   guards);
-//! - [`engine`]: storage engines (io_uring on a file or block device, RAM, null);
+//! - [`engine`]: storage engines (io_uring on a file or block device, NVMe commands through
+//!   io_uring passthrough, RAM, null);
 //! - [`blk`]: virtio-blk request parsing and the configuration space (pure);
 //! - [`sandbox`]: the daemon's confinement (Landlock, seccomp, io_uring restrictions,
 //!   privileges);
 //! - [`config`]: export settings and the one table of export keys.
+//!
+//! Beside the layers, usable by all: `log_limit` (the rate limit on what a guest can make
+//! mqblk log).
 //!
 //! docs/ARCHITECTURE.md walks a request through these files.
 
@@ -29,6 +33,7 @@ pub mod daemon;
 pub mod engine;
 pub mod frontend;
 pub mod io;
+pub(crate) mod log_limit;
 pub mod sandbox;
 pub mod shm;
 

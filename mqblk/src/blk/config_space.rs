@@ -30,8 +30,12 @@ pub struct Geometry {
     pub blk_size: u32,
     /// Number of request queues.
     pub num_queues: u16,
-    /// Most sectors per discard and per write-zeroes.
-    pub max_dwz_sectors: u32,
+    /// Most sectors per discard (0: not offered).
+    pub max_discard_sectors: u32,
+    /// Most sectors per write-zeroes (0: not offered).
+    pub max_write_zeroes_sectors: u32,
+    /// Whether a write-zeroes may deallocate.
+    pub write_zeroes_may_unmap: bool,
 }
 
 impl ConfigSpace {
@@ -47,12 +51,12 @@ impl ConfigSpace {
             min_io_size: 1u16.to_le(),
             wce: 1,
             num_queues: g.num_queues.to_le(),
-            max_discard_sectors: g.max_dwz_sectors.to_le(),
+            max_discard_sectors: g.max_discard_sectors.to_le(),
             max_discard_seg: 1u32.to_le(),
             discard_sector_alignment: (g.blk_size / 512).max(1).to_le(),
-            max_write_zeroes_sectors: g.max_dwz_sectors.to_le(),
+            max_write_zeroes_sectors: g.max_write_zeroes_sectors.to_le(),
             max_write_zeroes_seg: 1u32.to_le(),
-            write_zeroes_may_unmap: 1,
+            write_zeroes_may_unmap: u8::from(g.write_zeroes_may_unmap),
             ..Default::default()
         };
         ConfigSpace(c)
@@ -87,7 +91,9 @@ mod tests {
             seg_max: 254,
             blk_size: 512,
             num_queues: 4,
-            max_dwz_sectors: 1 << 20,
+            max_discard_sectors: 1 << 20,
+            max_write_zeroes_sectors: 1 << 20,
+            write_zeroes_may_unmap: true,
         });
         c.set_writeback(false);
         let b = c.as_slice();

@@ -234,9 +234,9 @@ pub struct Limits {
     pub max_descriptors: usize,
     /// Read-only export.
     pub readonly: bool,
-    /// max_discard_sectors advertised.
+    /// max_discard_sectors advertised; 0 when discard is not offered.
     pub max_discard_sectors: u32,
-    /// max_write_zeroes_sectors advertised.
+    /// max_write_zeroes_sectors advertised; 0 when write-zeroes is not offered.
     pub max_write_zeroes_sectors: u32,
 }
 
@@ -466,6 +466,10 @@ where
             } else {
                 limits.max_write_zeroes_sectors
             };
+            if max == 0 {
+                // Not offered: the storage has no such operation.
+                return Err(reject(Reason::UnsupportedType, st, Status::Unsupp));
+            }
             if num > max {
                 return Err(reject(Reason::TooManySectors, st, Status::IoErr));
             }

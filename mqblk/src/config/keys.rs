@@ -259,14 +259,14 @@ const GENERAL: &[Key] = &[
         |v: &str| Some(Some(PathBuf::from(v)).filter(|_| !v.is_empty())),
         |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()),
         "a path",
-        "raw image file or block device (engine=uring); with `size=` it is created if missing",
+        "raw image file or block device (engine=uring; with `size=` it is created if missing), or an NVMe namespace's character device /dev/ngXnY (engine=nvme)",
     ),
     choice_key!(
         "engine",
         engine,
-        EngineKind { "uring" => Uring, "null" => Null, "mem" => Mem, "rbd" => Rbd },
-        "uring, null, mem or rbd",
-        "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature)",
+        EngineKind { "uring" => Uring, "null" => Null, "mem" => Mem, "rbd" => Rbd, "nvme" => Nvme },
+        "uring, null, mem, rbd or nvme",
+        "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature); `nvme`: NVMe commands straight to the namespace's character device `path=/dev/ngXnY` through io_uring passthrough, skipping the host block layer",
     ),
     rbd_name_key!(
         "pool",

@@ -114,6 +114,9 @@ pub enum EngineKind {
     Mem,
     /// A Ceph RBD image through librbd (a build with the `rbd` feature).
     Rbd,
+    /// An NVMe namespace's character device (`/dev/ngXnY`), driven with NVMe commands through
+    /// io_uring passthrough: the host's block layer is skipped.
+    Nvme,
 }
 
 /// How the export's queues map to I/O threads.
@@ -251,6 +254,11 @@ impl ExportConfig {
             EngineKind::Uring if self.path.is_none() => {
                 return Err(ConfigError::Required(
                     "path=PATH is required with engine=uring (a raw image file or block device)",
+                ))
+            }
+            EngineKind::Nvme if self.path.is_none() => {
+                return Err(ConfigError::Required(
+                    "path=PATH is required with engine=nvme (an NVMe namespace's character device, /dev/ngXnY)",
                 ))
             }
             EngineKind::Null | EngineKind::Mem if self.size.is_none() => {
@@ -536,7 +544,7 @@ mod tests {
         assert!(e("socket=s,engine=null").contains("size=BYTES is required"));
         assert!(
             e("socket=s,engine=foo").contains("engine=foo")
-                && e("socket=s,engine=foo").contains("uring, null, mem or rbd")
+                && e("socket=s,engine=foo").contains("uring, null, mem, rbd or nvme")
         );
         assert!(e("socket=s,path=p,queues=0").contains("queues"));
         assert!(e("socket=s,path=p,queues=65").contains("1 to 64"));

@@ -14,6 +14,7 @@
 
 mod mem;
 mod null;
+pub mod nvme;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 mod uring;
@@ -80,6 +81,11 @@ pub enum Op {
 pub enum Started {
     /// Perform this entry on the thread's io_uring; its completion is the result.
     Ring(squeue::Entry),
+    /// Perform this 128-byte entry (an NVMe passthrough command) on the thread's ring, which
+    /// is wide because the engine asked for it ([`Engine::wide_entries`]); its completion,
+    /// through [`Channel::wide_result`], is the result. All or nothing: success means every
+    /// byte was transferred.
+    WideRing(squeue::Entry128),
     /// In flight on the engine's own completion source; [`Channel::reap`] returns it later
     /// with the token it was started with.
     Pending,
@@ -113,6 +119,53 @@ pub trait Engine: Send + Sync {
     fn ring_opcodes(&self) -> &'static [u8] {
         &[]
     }
+    /// Whether its channels start operations as 128-byte entries ([`Started::WideRing`]), so
+    /// that the I/O threads' rings must be set up with `IORING_SETUP_SQE128 | CQE32`.
+    fn wide_entries(&self) -> bool {
+        false
+    }
+    /// What the storage can take in one operation, and which operations it has at all.
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+}
+
+/// What an engine's storage can take; the device advertises what follows from it, and the
+/// I/O threads split a request that exceeds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes one read or write may carry (a multiple of the block size), if limited.
+    pub max_transfer: Option<u32>,
+    /// Most iovecs one read or write may carry, if fewer than the I/O threads' own bound.
+    pub max_segments: Option<u32>,
+    /// Whether it deallocates ranges (discard is offered to the guest).
+    pub discard: bool,
+    /// Whether it zeroes ranges (write-zeroes is offered to the guest).
+    pub write_zeroes: bool,
+    /// Most 512-byte sectors one discard may cover.
+    pub max_discard_sectors: u32,
+    /// Most 512-byte sectors one write-zeroes may cover.
+    pub max_write_zeroes_sectors: u32,
+    /// Whether a write-zeroes may deallocate (`VIRTIO_BLK_F_WRITE_ZEROES`' `unmap` honoured).
+    pub write_zeroes_may_unmap: bool,
+}
+
+/// Largest discard / write-zeroes an engine takes unless it says otherwise, in sectors (512
+/// MiB).
+pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_transfer: None,
+            max_segments: None,
+            discard: true,
+            write_zeroes: true,
+            max_discard_sectors: MAX_DWZ_SECTORS,
+            max_write_zeroes_sectors: MAX_DWZ_SECTORS,
+            write_zeroes_may_unmap: true,
+        }
+    }
 }
 
 /// Why an export could not be resized. Each message is one line for the operator.
@@ -128,6 +181,12 @@ pub enum ResizeError {
     #[error("a block device cannot be resized by mqblk ({actual} bytes): resize the device, then resize the export without a size")]
     BlockDevice {
         /// The device's size.
+        actual: u64,
+    },
+    /// An NVMe namespace's size is its controller's.
+    #[error("an NVMe namespace cannot be resized by mqblk ({actual} bytes): resize the namespace, then resize the export without a size")]
+    Namespace {
+        /// The namespace's size.
         actual: u64,
     },
     /// The backing store could not be resized or measured.
@@ -175,6 +234,12 @@ pub trait Channel {
     fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
         let _ = done;
     }
+    /// The result of a [`Started::WideRing`] entry's completion as the kernel posted it (for
+    /// NVMe passthrough: 0, a positive NVMe status, or a negative errno), as 0 for success or
+    /// a negative errno. Channels that build no wide entries never see one.
+    fn wide_result(&mut self, res: i32) -> i32 {
+        res.min(0)
+    }
 }
 
 /// Why an export's storage could not be opened. Each message is one clear line.
@@ -203,6 +268,9 @@ pub enum OpenError {
     #[cfg(feature = "rbd")]
     #[error(transparent)]
     Rbd(#[from] rbd::RbdError),
+    /// An NVMe namespace engine=nvme cannot serve (see [`nvme::NvmeError`]).
+    #[error(transparent)]
+    Nvme(#[from] nvme::NvmeError),
     /// An engine this build does not have.
     #[error("engine={0} is not in this build of mqblk: build it with --features {0}")]
     NotBuilt(&'static str),
@@ -230,6 +298,13 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
                 .as_deref()
                 .expect("config checked: uring has a path");
             Box::new(uring::open_file(path, cfg.size, cfg.readonly, cfg.direct)?)
+        }
+        EngineKind::Nvme => {
+            let path = cfg
+                .path
+                .as_deref()
+                .expect("config checked: nvme has a path");
+            Box::new(nvme::open(path, cfg.size, cfg.readonly)?)
         }
         #[cfg(feature = "rbd")]
         EngineKind::Rbd => Box::new(rbd::open(cfg)?),

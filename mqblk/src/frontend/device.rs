@@ -4,15 +4,13 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::features::device_features;
 use crate::blk::{ConfigSpace, Geometry, Limits};
 use crate::config::{ExportConfig, MAX_SERIAL_LEN};
 use crate::engine::{Engine, ResizeError};
 use crate::io::{
     self, Command, Failure, IoCounters, IoThreadConfig, IoThreadHandle, Throttle, IOV_MAX,
 };
-
-/// Largest discard / write-zeroes, in sectors (512 MiB).
-pub const MAX_DWZ_SECTORS: u32 = 1 << 20;
 
 /// An export's virtio-blk device.
 pub struct Device {
@@ -35,20 +33,31 @@ impl Device {
     ) -> std::io::Result<Device> {
         let block_size = engine.block_size();
         let seg_max = (u32::from(cfg.queue_size) - 2).clamp(1, IOV_MAX as u32 - 2);
+        let storage = engine.limits();
         let geometry = Geometry {
             capacity_sectors: engine.capacity() >> 9,
             seg_max,
             blk_size: block_size,
             num_queues: cfg.queues,
-            max_dwz_sectors: MAX_DWZ_SECTORS,
+            max_discard_sectors: if storage.discard {
+                storage.max_discard_sectors
+            } else {
+                0
+            },
+            max_write_zeroes_sectors: if storage.write_zeroes {
+                storage.max_write_zeroes_sectors
+            } else {
+                0
+            },
+            write_zeroes_may_unmap: storage.write_zeroes_may_unmap,
         };
         let limits = Limits {
             capacity_sectors: geometry.capacity_sectors,
             // seg_max data segments plus header and status, with slack for split headers.
             max_descriptors: seg_max as usize + 4,
             readonly: cfg.readonly,
-            max_discard_sectors: MAX_DWZ_SECTORS,
-            max_write_zeroes_sectors: MAX_DWZ_SECTORS,
+            max_discard_sectors: geometry.max_discard_sectors,
+            max_write_zeroes_sectors: geometry.max_write_zeroes_sectors,
         };
         let mut serial = cfg.serial.as_bytes().to_vec();
         serial.truncate(MAX_SERIAL_LEN);
@@ -88,6 +97,12 @@ impl Device {
             failure,
             config_space: Mutex::new(ConfigSpace::new(&geometry)),
         })
+    }
+
+    /// The virtio features the device offers.
+    pub fn features(&self) -> u64 {
+        let storage = self.engine.limits();
+        device_features(self.cfg.readonly, storage.discard, storage.write_zeroes)
     }
 
     /// Whether (and why) an I/O thread of the device died.

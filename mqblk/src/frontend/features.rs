@@ -5,8 +5,8 @@ use virtio_bindings::virtio_blk::*;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-/// The virtio features an export offers.
-pub fn device_features(readonly: bool) -> u64 {
+/// The virtio features an export offers: discard and write-zeroes where its storage has them.
+pub fn device_features(readonly: bool, discard: bool, write_zeroes: bool) -> u64 {
     let mut f = 1u64 << VIRTIO_F_VERSION_1
         | 1 << VIRTIO_RING_F_EVENT_IDX
         | 1 << VIRTIO_RING_F_INDIRECT_DESC
@@ -16,13 +16,17 @@ pub fn device_features(readonly: bool) -> u64 {
         | 1 << VIRTIO_BLK_F_FLUSH
         | 1 << VIRTIO_BLK_F_CONFIG_WCE
         | 1 << VIRTIO_BLK_F_MQ
-        | 1 << VIRTIO_BLK_F_DISCARD
-        | 1 << VIRTIO_BLK_F_WRITE_ZEROES
         | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
         // Live migration: mqblk marks what it writes in the frontend's dirty log.
         | VhostUserVirtioFeatures::LOG_ALL.bits();
     if readonly {
         f |= 1 << VIRTIO_BLK_F_RO;
+    }
+    if discard {
+        f |= 1 << VIRTIO_BLK_F_DISCARD;
+    }
+    if write_zeroes {
+        f |= 1 << VIRTIO_BLK_F_WRITE_ZEROES;
     }
     f
 }

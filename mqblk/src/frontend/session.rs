@@ -27,7 +27,7 @@ use vm_memory::ByteValued;
 use super::backend_channel::BackendChannel;
 use super::device::Device;
 use super::error::{Error, Result};
-use super::features::{self, device_features, protocol_features};
+use super::features::{self, protocol_features};
 use super::memory::{MemoryTable, MAX_MEM_SLOTS};
 use super::migration::Migration;
 use super::vring::VringSetup;
@@ -275,11 +275,11 @@ impl VhostUserBackendReqHandlerMut for Session {
     }
 
     fn get_features(&mut self) -> VhuResult<u64> {
-        Ok(device_features(self.device.config().readonly))
+        Ok(self.device.features())
     }
 
     fn set_features(&mut self, features: u64) -> VhuResult<()> {
-        let offered = device_features(self.device.config().readonly);
+        let offered = self.device.features();
         if features & !offered != 0 {
             return Err(Error::UnofferedFeatures(features & !offered).into());
         }

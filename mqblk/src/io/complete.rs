@@ -5,6 +5,7 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::slots::SlotId;
+use super::split::PartDone;
 use super::thread::IoThread;
 use super::GuestMemory;
 use crate::blk::{self, Kind, ReqType, Segment, Status};
@@ -67,12 +68,21 @@ pub fn status_of(kind: Kind, res: i32, want: u64) -> Result<(), IoFailure> {
 impl IoThread {
     /// Completes the host I/O led by `lead` with the engine's result `res`: every member
     /// request gets its status and its used entry.
-    pub(super) fn complete_io(&mut self, lead: SlotId, res: i32) {
-        let Some(slot) = self.slots.lookup(lead) else {
+    /// `whole`: the engine's commands are all or nothing, and `res` 0 means every byte moved.
+    pub(super) fn complete_io(&mut self, lead: SlotId, res: i32, whole: bool) {
+        if self.slots.lookup(lead).is_none() {
             return;
+        }
+        let io_len = self.slots.io_len(lead);
+        let slot = self.slots.get_mut(lead);
+        let (res, split) = match slot.split.part_done(res, whole, io_len) {
+            PartDone::NotSplit if whole && res == 0 => (io_len.min(i32::MAX as u64) as i32, false),
+            PartDone::NotSplit => (res, false),
+            PartDone::Waiting => return,
+            PartDone::Last(res) => (res, true),
         };
         let (kind, head, merged) = (slot.kind, slot.head, slot.is_merged());
-        if res < 0 && !merged {
+        if res < 0 && !merged && !split {
             let op = self.op_of(lead);
             // SAFETY: as in `start_run`: the slot, its iovecs and guest memory stay until this
             // request completes, which it has not yet.

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use super::dirty_log::{DirtyLog, LOG_PAGE};
-use super::log_limit::LogLimiter;
 use super::stats::IoCounters;
 use super::GuestMemory;
 use crate::blk::Segment;
+use crate::log_limit::LogLimiter;
 
 /// One I/O thread's dirty logging state.
 pub(super) struct DirtyTracking {

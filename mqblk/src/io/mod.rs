@@ -20,9 +20,10 @@
 //! through the QoS buckets an export's threads share, and the waiting queues' timer),
 //! `complete` (result to status to used entry), `control` (commands from the frontend),
 //! `stats` (the counters), `policy` (poll window, batch wait, merging, early submission),
-//! `log_limit` (the rate limit on what a guest can make the thread log), [`dirty_log`] (the
+//! [`dirty_log`] (the
 //! frontend's dirty log) and `migration` (marking in it what the thread writes while the VM
-//! migrates). Only `slots` and `dirty_log` are public, for the fuzz targets; the rest is the
+//! migrates), `split` (requests larger than the engine takes, cut into parts). Only `slots`,
+//! `split` and `dirty_log` are public, for the fuzz targets and their types; the rest is the
 //! crate's, and what the frontend uses of it is re-exported here.
 //!
 //! Nothing here takes a lock shared with another I/O thread or allocates per request once warm,
@@ -35,12 +36,12 @@ mod failure;
 #[cfg(debug_assertions)]
 pub mod fault_injection;
 pub(crate) mod inflight;
-mod log_limit;
 mod migration;
 mod policy;
 mod qos;
 mod ring;
 pub mod slots;
+pub mod split;
 pub(crate) mod stats;
 mod submit;
 #[cfg(test)]

@@ -121,9 +121,102 @@ static ONE: u64 = 1;
 /// Largest fixed buffer io_uring accepts.
 const MAX_FIXED_BUFFER: usize = 1 << 30;
 
+/// The io_uring itself: plain 64-byte entries, or the 128-byte submission and 32-byte
+/// completion entries that NVMe passthrough commands need (`IORING_SETUP_SQE128 |
+/// IORING_SETUP_CQE32`). Which one is the engine's choice ([`Engine::wide_entries`]); a plain
+/// entry goes on either.
+enum Uring {
+    Plain(IoUring),
+    Wide(IoUring<squeue::Entry128, cqueue::Entry32>),
+}
+
+/// Evaluates `$body` with `$u` bound to whichever ring `$ring` holds.
+macro_rules! on_ring {
+    ($ring:expr, $u:ident => $body:expr) => {
+        match $ring {
+            Uring::Plain($u) => $body,
+            Uring::Wide($u) => $body,
+        }
+    };
+}
+
+impl Uring {
+    /// Room left in the submission queue.
+    fn room(&mut self) -> usize {
+        on_ring!(self, u => {
+            let sq = u.submission();
+            sq.capacity() - sq.len()
+        })
+    }
+
+    /// Pushes a plain entry (widened to 128 bytes on a wide ring).
+    ///
+    /// # Safety
+    /// As for `SubmissionQueue::push`: what the entry names stays valid until it completes.
+    unsafe fn push(&mut self, sqe: &squeue::Entry) -> Result<(), squeue::PushError> {
+        match self {
+            // SAFETY: the caller's contract.
+            Uring::Plain(u) => unsafe { u.submission().push(sqe) },
+            // SAFETY: the caller's contract; the upper 64 bytes of a widened entry are zero.
+            Uring::Wide(u) => unsafe { u.submission().push(&squeue::Entry128::from(sqe.clone())) },
+        }
+    }
+
+    /// Pushes a 128-byte entry; a plain ring cannot take one.
+    ///
+    /// # Safety
+    /// As for [`Uring::push`].
+    unsafe fn push_wide(&mut self, sqe: &squeue::Entry128) -> Result<(), WideOnPlain> {
+        match self {
+            Uring::Plain(_) => Err(WideOnPlain),
+            // SAFETY: the caller's contract.
+            Uring::Wide(u) => unsafe { u.submission().push(sqe) }.map_err(|_| WideOnPlain),
+        }
+    }
+
+    fn submit(&self) -> io::Result<usize> {
+        on_ring!(self, u => u.submit())
+    }
+
+    fn submit_and_wait(&self, want: usize) -> io::Result<usize> {
+        on_ring!(self, u => u.submit_and_wait(want))
+    }
+
+    fn submitter(&self) -> io_uring::Submitter<'_> {
+        on_ring!(self, u => u.submitter())
+    }
+
+    fn taskrun(&mut self) -> bool {
+        on_ring!(self, u => u.submission().taskrun())
+    }
+
+    fn completions_waiting(&mut self) -> bool {
+        on_ring!(self, u => !u.completion().is_empty())
+    }
+
+    /// The next completion's user data, result and flags (a wide completion's extra 16 bytes,
+    /// an NVMe command's result dword, are not needed: its status is the result).
+    // One body for both rings: on the plain one the conversion is the identity.
+    #[allow(clippy::useless_conversion)]
+    fn next_completion(&mut self) -> Option<(u64, i32, u32)> {
+        on_ring!(self, u => u.completion().next().map(|cqe| {
+            let cqe: cqueue::Entry = cqe.into();
+            (cqe.user_data(), cqe.result(), cqe.flags())
+        }))
+    }
+
+    fn skip_cqe_on_success(&self) -> bool {
+        on_ring!(self, u => u.params().is_feature_skip_cqe_on_success())
+    }
+}
+
+/// A 128-byte entry offered to a ring of 64-byte entries (or to a full ring).
+#[derive(Debug)]
+struct WideOnPlain;
+
 /// An I/O thread's ring and what it registered.
 pub struct Ring {
-    uring: IoUring,
+    uring: Uring,
     /// Entries pushed since the last `io_uring_enter`.
     queued: u32,
     /// Engine I/Os among them.
@@ -155,14 +248,19 @@ impl Ring {
     /// An unrestricted ring (unit tests).
     #[cfg(test)]
     pub fn new(entries: u32, tuning: &Tuning) -> io::Result<Ring> {
-        Ring::build(entries, tuning, None)
+        Ring::build(entries, tuning, false, None)
     }
 
     /// A ring of `entries` submission entries, set up as `tuning` asks (kernels that refuse
     /// COOP_TASKRUN, before 6.0, get a plain ring), for an I/O thread whose engine builds
     /// entries of `engine_opcodes`: in a confined daemon, the ring accepts only those and this
-    /// file's (see [`crate::sandbox`]).
-    pub fn confined(entries: u32, tuning: &Tuning, engine_opcodes: &[u8]) -> io::Result<Ring> {
+    /// file's (see [`crate::sandbox`]). A `wide` ring takes 128-byte entries (NVMe commands).
+    pub fn confined(
+        entries: u32,
+        tuning: &Tuning,
+        wide: bool,
+        engine_opcodes: &[u8],
+    ) -> io::Result<Ring> {
         let opcodes = [OPCODES, engine_opcodes];
         let allow = RingAllowlist {
             opcodes: &opcodes,
@@ -170,13 +268,39 @@ impl Ring {
             sqe_flags: SQE_FLAGS.bits(),
         };
         let allow = crate::sandbox::rings_confined().then_some(&allow);
-        crate::sandbox::ring_setup(|| Ring::build(entries, tuning, allow))
+        crate::sandbox::ring_setup(|| Ring::build(entries, tuning, wide, allow))
     }
 
-    /// A ring, restricted to `allow` if given.
-    fn build(entries: u32, tuning: &Tuning, allow: Option<&RingAllowlist>) -> io::Result<Ring> {
-        let build = |coop: bool| {
+    /// A ring, wide or not, restricted to `allow` if given.
+    fn build(
+        entries: u32,
+        tuning: &Tuning,
+        wide: bool,
+        allow: Option<&RingAllowlist>,
+    ) -> io::Result<Ring> {
+        if wide {
+            let mut builder = IoUring::<squeue::Entry128, cqueue::Entry32>::builder();
+            Ring::setup(&mut builder, entries, tuning, allow, |b, n| {
+                b.build(n).map(Uring::Wide)
+            })
+        } else {
             let mut builder = IoUring::builder();
+            Ring::setup(&mut builder, entries, tuning, allow, |b, n| {
+                b.build(n).map(Uring::Plain)
+            })
+        }
+    }
+
+    /// Sets `builder` up as `tuning` asks and builds the ring with `build`.
+    fn setup<S: squeue::EntryMarker, C: cqueue::EntryMarker>(
+        builder: &mut io_uring::Builder<S, C>,
+        entries: u32,
+        tuning: &Tuning,
+        allow: Option<&RingAllowlist>,
+        build: impl Fn(&io_uring::Builder<S, C>, u32) -> io::Result<Uring>,
+    ) -> io::Result<Ring> {
+        let build = |coop: bool| {
+            let mut builder = builder.clone();
             if allow.is_some() {
                 builder.setup_r_disabled();
             }
@@ -193,7 +317,7 @@ impl Ring {
                     .setup_taskrun_flag()
                     .setup_single_issuer();
             }
-            builder.build(entries)
+            build(&builder, entries)
         };
         let coop = tuning.coop_taskrun && tuning.sqpoll_idle_ms == 0;
         let (uring, taskrun_flag) = match build(coop) {
@@ -202,9 +326,9 @@ impl Ring {
             Err(e) => return Err(e),
         };
         if let Some(allow) = allow {
-            restrict_and_enable(&uring, allow)?;
+            restrict_and_enable(&uring.submitter(), allow)?;
         }
-        let notify_flags = if uring.params().is_feature_skip_cqe_on_success() {
+        let notify_flags = if uring.skip_cqe_on_success() {
             squeue::Flags::SKIP_SUCCESS
         } else {
             squeue::Flags::empty()
@@ -242,11 +366,7 @@ impl Ring {
     /// Makes room for `n` more entries, entering the kernel with what is queued if needed.
     fn ensure_room(&mut self, n: usize, c: &mut IoCounters) {
         loop {
-            let room = {
-                let sq = self.uring.submission();
-                sq.capacity() - sq.len()
-            };
-            if room >= n {
+            if self.uring.room() >= n {
                 return;
             }
             self.account_enter(c);
@@ -272,7 +392,7 @@ impl Ring {
     pub unsafe fn push(&mut self, sqe: squeue::Entry, token: Token, c: &mut IoCounters) {
         self.ensure_room(1, c);
         // SAFETY: the caller's contract.
-        let pushed = unsafe { self.uring.submission().push(&sqe.user_data(token.encode())) };
+        let pushed = unsafe { self.uring.push(&sqe.user_data(token.encode())) };
         debug_assert!(pushed.is_ok(), "room was ensured");
         self.queued += 1;
     }
@@ -292,6 +412,40 @@ impl Ring {
         // SAFETY: the caller's contract.
         unsafe { self.push(sqe, Token::Io(slot), c) };
         self.queued_io += 1;
+    }
+
+    /// Queues a 128-byte engine entry (an NVMe command) for the I/O of slot `slot`, on the
+    /// fixed file if registered. Returns false, queuing nothing, on a ring of 64-byte entries,
+    /// which only an engine that asked for a plain ring and then built wide entries would meet.
+    ///
+    /// # Safety
+    /// As for [`Ring::push_io`].
+    #[must_use]
+    pub unsafe fn push_wide_io(
+        &mut self,
+        sqe: squeue::Entry128,
+        slot: u32,
+        c: &mut IoCounters,
+    ) -> bool {
+        if matches!(self.uring, Uring::Plain(_)) {
+            return false;
+        }
+        let sqe = if self.fixed_file {
+            c.fixed_file_ios += 1;
+            sqe.flags(squeue::Flags::FIXED_FILE)
+        } else {
+            sqe
+        };
+        self.ensure_room(1, c);
+        // SAFETY: the caller's contract.
+        let pushed = unsafe {
+            self.uring
+                .push_wide(&sqe.user_data(Token::Io(slot).encode()))
+        };
+        debug_assert!(pushed.is_ok(), "room was ensured");
+        self.queued += 1;
+        self.queued_io += 1;
+        true
     }
 
     /// Queues an 8-byte read of `fd` into `buf`, completing as `token`.
@@ -349,7 +503,7 @@ impl Ring {
         // SAFETY: `ONE` is static; the kernel holds its own reference to the call file once
         // the entry is submitted, and the queue's call file is replaced or closed only after
         // what is queued was submitted (see the control commands).
-        if unsafe { self.uring.submission().push(&sqe) }.is_ok() {
+        if unsafe { self.uring.push(&sqe) }.is_ok() {
             self.queued += 1;
         } else {
             write_eventfd(call);
@@ -428,7 +582,7 @@ impl Ring {
     /// While polling: completions wait as task work (COOP_TASKRUN), so make the one syscall
     /// that posts them.
     pub fn run_task_work(&mut self, c: &mut IoCounters) {
-        if self.taskrun_flag && self.uring.submission().taskrun() {
+        if self.taskrun_flag && self.uring.taskrun() {
             c.enters += 1;
             let _ = self.uring.submit();
         }
@@ -436,16 +590,19 @@ impl Ring {
 
     /// Whether completions wait in the completion ring.
     pub fn has_completions(&mut self) -> bool {
-        !self.uring.completion().is_empty()
+        self.uring.completions_waiting()
     }
 
     /// The next completion, if any.
     pub fn next_completion(&mut self) -> Option<Completion> {
-        let c = self.uring.completion().next().map(|cqe| Completion {
-            token: Token::decode(cqe.user_data()),
-            result: cqe.result(),
-            flags: cqe.flags(),
-        })?;
+        let c = self
+            .uring
+            .next_completion()
+            .map(|(data, result, flags)| Completion {
+                token: Token::decode(data),
+                result,
+                flags,
+            })?;
         if let Token::Io(_) = c.token {
             self.io_at_device = self.io_at_device.saturating_sub(1);
         }
@@ -579,7 +736,7 @@ mod tests {
             register_ops: REGISTER_OPS,
             sqe_flags: SQE_FLAGS.bits(),
         };
-        let mut ring = Ring::build(8, &Tuning::default(), Some(&allow)).unwrap();
+        let mut ring = Ring::build(8, &Tuning::default(), false, Some(&allow)).unwrap();
         let mut c = IoCounters::default();
         let file = tempfile::tempfile().unwrap();
         let fd = types::Fd(file.as_raw_fd());

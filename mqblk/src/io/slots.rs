@@ -42,6 +42,8 @@ pub struct Slot {
     pub iovs: Vec<libc::iovec>,
     /// The merged I/O's concatenated iovecs (leader only).
     merged_iovs: Vec<libc::iovec>,
+    /// The parts of its host I/O while split to fit the engine's limits (leader only).
+    pub split: super::split::SplitState,
     /// The next member of the merged I/O this slot belongs to.
     next: SlotId,
     /// Taken by a request now.
@@ -63,6 +65,7 @@ impl Slot {
             started_ns: 0,
             iovs: Vec::new(),
             merged_iovs: Vec::new(),
+            split: super::split::SplitState::default(),
             next: NONE,
             in_use: false,
             uses: 0,
@@ -104,6 +107,7 @@ impl SlotTable {
         let id = self.free.pop()?;
         let s = &mut self.slots[id as usize];
         s.next = NONE;
+        s.split.left = 0;
         s.in_use = true;
         s.uses = s.uses.wrapping_add(1);
         Some(id)

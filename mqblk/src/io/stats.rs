@@ -150,6 +150,9 @@ counters! {
     bytes,
     /// Requests folded into another request's host I/O.
     merges,
+    /// Engine operations that parts of split host I/Os became (a request larger than the
+    /// engine takes, such as an NVMe controller's MDTS, is cut into parts).
+    split_parts,
     /// Notifications received from the guest (kicks).
     kicks,
     /// Busy-poll windows that found work.

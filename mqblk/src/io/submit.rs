@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::complete::{write_id, Answered};
 use super::policy::merge::{self, Dir, MergeLimits, Shape};
 use super::slots::{map_segments, SlotId, IOV_MAX};
+use super::split::plan;
 use super::thread::IoThread;
 use super::vq::Pop;
 use super::{GuestMemory, MAX_MERGE_BYTES};
@@ -205,9 +206,17 @@ impl IoThread {
         let mut shapes = std::mem::take(&mut self.shapes);
         shapes.clear();
         shapes.extend(staged.iter().map(|&id| shape_of(self.slots.get(id))));
+        // Never merge past what the engine takes in one operation.
+        let (engine_bytes, engine_iovs) = self
+            .split_limits
+            .map_or((u64::MAX, usize::MAX), |l| (l.max_bytes, l.max_iovs));
         let limits = MergeLimits {
-            max_iovs: if self.tuning.merge { IOV_MAX } else { 0 },
-            max_bytes: MAX_MERGE_BYTES,
+            max_iovs: if self.tuning.merge {
+                IOV_MAX.min(engine_iovs)
+            } else {
+                0
+            },
+            max_bytes: MAX_MERGE_BYTES.min(engine_bytes),
         };
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
@@ -254,12 +263,88 @@ impl IoThread {
         if let Op::Write { sync: true, .. } = op {
             self.counters.sync_writes += 1;
         }
+        if self.start_split(lead, &op) {
+            return;
+        }
         // SAFETY: `op`'s iovecs are the lead slot's, mapped from guest memory by
         // `map_segments` (every range checked to lie inside a guest region, writable ones for
         // reads); the slot keeps its iovec array until the request completes, and the thread
         // swaps or drops guest memory only once nothing is in flight (control.rs).
         let started = unsafe { self.channel.start(&op, u64::from(lead)) };
         self.on_started(lead, started);
+    }
+
+    /// Starts the I/O led by `lead` as parts within the engine's limits, if it needs that;
+    /// returns false (starting nothing) if it does not.
+    pub(super) fn start_split(&mut self, lead: SlotId, op: &Op) -> bool {
+        let Some(limits) = self.split_limits else {
+            return false;
+        };
+        let (offset, sync, read) = match *op {
+            Op::Read { offset, .. } => (offset, false, true),
+            Op::Write { offset, sync, .. } => (offset, sync, false),
+            _ => return false,
+        };
+        let slot = self.slots.get_mut(lead);
+        let bytes: u64 = slot.io_iovs().iter().map(|v| v.iov_len as u64).sum();
+        if !limits.needed(bytes, slot.io_iovs().len()) {
+            return false;
+        }
+        let mut split = std::mem::take(&mut slot.split);
+        let ok = plan(
+            slot.io_iovs(),
+            offset,
+            &limits,
+            &mut split.iovs,
+            &mut split.parts,
+        );
+        split.left = if ok { split.parts.len() as u32 } else { 0 };
+        split.error = 0;
+        split.done = 0;
+        split.whole = false;
+        let nparts = split.parts.len();
+        slot.split = split;
+        if !ok {
+            if let Some(d) = self.log.allow() {
+                tracing::warn!(
+                    bytes,
+                    iovecs = slot.io_iovs().len(),
+                    dropped_logs = d,
+                    "request cannot be split into whole blocks within the device's limits"
+                );
+            }
+            self.complete_io(lead, -libc::EINVAL, false);
+            return true;
+        }
+        self.counters.split_parts += nparts as u64;
+        for k in 0..nparts {
+            let slot = self.slots.get(lead);
+            let part = slot.split.parts[k];
+            let iovs = slot.split.iovs[part.first..part.first + part.count].as_ptr();
+            let iovcnt = part.count as u32;
+            let part_op = if read {
+                Op::Read {
+                    offset: part.offset,
+                    iovs,
+                    iovcnt,
+                    buf_index: None,
+                }
+            } else {
+                Op::Write {
+                    offset: part.offset,
+                    iovs,
+                    iovcnt,
+                    sync,
+                    buf_index: None,
+                }
+            };
+            // SAFETY: the part's iovecs lie in the slot's split array, which is left alone
+            // until the last part completes, and describe ranges of the request's own iovecs
+            // (guest memory, checked by `map_segments`), which stay valid as in `start_run`.
+            let started = unsafe { self.channel.start(&part_op, u64::from(lead)) };
+            self.on_started(lead, started);
+        }
+        true
     }
 
     /// Acts on how the engine took the I/O led by `lead`.
@@ -274,8 +359,18 @@ impl IoThread {
                     self.ring.submit(&mut self.counters);
                 }
             }
+            Started::WideRing(sqe) => {
+                // SAFETY: as for `Started::Ring`.
+                if !unsafe { self.ring.push_wide_io(sqe, lead, &mut self.counters) } {
+                    self.complete_io(lead, -libc::EINVAL, false);
+                    return;
+                }
+                if self.tuning.submit_early && self.ring.submit_early_due() {
+                    self.ring.submit(&mut self.counters);
+                }
+            }
             Started::Pending => {}
-            Started::Done(res) => self.complete_io(lead, res),
+            Started::Done(res) => self.complete_io(lead, res, false),
         }
     }
 

@@ -14,18 +14,19 @@ use std::time::Instant;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use super::log_limit::LogLimiter;
 use super::migration::DirtyTracking;
 use super::policy::{BatchPolicy, PollPolicy, Shape};
 use super::qos::Throttle;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
+use super::split::SplitLimits;
 use super::stats::{IoCounters, SharedCounters};
 use super::vq::Vq;
 use super::{Command, GuestMemory, IoThreadConfig};
 use crate::blk::{Limits, Scratch, Segment};
 use crate::config::Tuning;
 use crate::engine::{Channel, Engine};
+use crate::log_limit::LogLimiter;
 
 /// Poll-loop iterations between yields of the CPU (a few microseconds).
 const YIELD_SPINS: u32 = 128;
@@ -91,6 +92,11 @@ pub(super) struct IoThread {
     pub(super) capacity_barrier: Vec<CapacityBarrier>,
     /// Dirty logging while the VM migrates.
     pub(super) dirty: DirtyTracking,
+    /// Where host I/Os are cut to fit the engine (`None`: it takes any size).
+    pub(super) split_limits: Option<SplitLimits>,
+    /// The ring takes the engine's 128-byte entries, whose completions carry a status for
+    /// [`Channel::wide_result`](crate::engine::Channel::wide_result).
+    wide: bool,
 }
 
 impl IoThread {
@@ -105,7 +111,9 @@ impl IoThread {
         let nq = cfg.queue_sizes.len();
         // Every in-flight request, kick poll and notification fits at once.
         let entries = (nslots + 3 * nq + 8).next_power_of_two().clamp(64, 4096) as u32;
-        let mut ring = Ring::confined(entries, &cfg.tuning, engine.ring_opcodes())?;
+        let wide = engine.wide_entries();
+        let mut ring = Ring::confined(entries, &cfg.tuning, wide, engine.ring_opcodes())?;
+        let split_limits = SplitLimits::of(&engine.limits(), engine.block_size());
         let channel = engine.channel()?;
         if cfg.tuning.fixed_files {
             ring.register_file(channel.file_fd());
@@ -147,6 +155,8 @@ impl IoThread {
             qos_timer: None,
             capacity_barrier: Vec::new(),
             dirty: DirtyTracking::new(nq),
+            split_limits,
+            wide,
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {
@@ -230,7 +240,11 @@ impl IoThread {
     fn reap(&mut self) {
         while let Some(c) = self.ring.next_completion() {
             match c.token {
-                Token::Io(slot) => self.complete_io(slot, c.result),
+                Token::Io(slot) if self.wide => {
+                    let res = self.channel.wide_result(c.result);
+                    self.complete_io(slot, res, true);
+                }
+                Token::Io(slot) => self.complete_io(slot, c.result, false),
                 Token::Kick { local, generation } => self.on_kick(local as usize, generation, &c),
                 Token::Control => {
                     self.handle_commands();
@@ -240,7 +254,7 @@ impl IoThread {
                     let mut done = std::mem::take(&mut self.engine_done);
                     self.channel.reap(&mut |token, res| done.push((token, res)));
                     for &(token, res) in &done {
-                        self.complete_io(token as SlotId, res);
+                        self.complete_io(token as SlotId, res, false);
                     }
                     done.clear();
                     self.engine_done = done;

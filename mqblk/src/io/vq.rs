@@ -16,9 +16,9 @@ use std::time::Instant;
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 
 use super::inflight::InflightQueue;
-use super::log_limit::LogLimiter;
 use super::slots::SlotId;
 use super::GuestMemory;
+use crate::log_limit::LogLimiter;
 
 /// What popping a queue found.
 pub enum Pop<'m> {

@@ -200,7 +200,8 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
         ));
     }
     match cfg.engine {
-        EngineKind::Uring => {
+        // An NVMe character device is granted as an image: read, write, and its ioctls.
+        EngineKind::Uring | EngineKind::Nvme => {
             let Some(image) = &cfg.path else {
                 return out;
             };

@@ -7,7 +7,7 @@
 use std::io;
 
 use io_uring::register::Restriction;
-use io_uring::{opcode, IoUring};
+use io_uring::{opcode, IoUring, Submitter};
 
 /// What a ring may do once enabled.
 #[derive(Debug, Clone, Copy)]
@@ -20,8 +20,9 @@ pub struct RingAllowlist<'a> {
     pub sqe_flags: u8,
 }
 
-/// Restricts `ring`, created with `setup_r_disabled`, to `allow`, and enables it.
-pub fn restrict_and_enable(ring: &IoUring, allow: &RingAllowlist) -> io::Result<()> {
+/// Restricts the ring of `submitter`, created with `setup_r_disabled`, to `allow`, and enables
+/// it.
+pub fn restrict_and_enable(submitter: &Submitter<'_>, allow: &RingAllowlist) -> io::Result<()> {
     let mut restrictions: Vec<Restriction> = allow
         .opcodes
         .iter()
@@ -37,16 +38,15 @@ pub fn restrict_and_enable(ring: &IoUring, allow: &RingAllowlist) -> io::Result<
             allow.sqe_flags,
         )))
         .collect();
-    let submitter = ring.submitter();
     submitter.register_restrictions(&mut restrictions)?;
     submitter.register_enable_rings()
 }
 
 /// Whether this kernel restricts rings (Linux 5.10 and later): restricts a small ring.
 pub(super) fn probe() -> io::Result<()> {
-    let ring = IoUring::builder().setup_r_disabled().build(2)?;
+    let ring: IoUring = IoUring::builder().setup_r_disabled().build(2)?;
     restrict_and_enable(
-        &ring,
+        &ring.submitter(),
         &RingAllowlist {
             opcodes: &[&[opcode::Nop::CODE]],
             register_ops: &[],
