@@ -66,6 +66,7 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
     run::check_tools(opts)?;
     let image = match opts.engine {
         EngineKind::Uring => Some(run::prepare_image(opts)?),
+        EngineKind::Nvme => Some(run::prepare_namespace(opts)?),
         EngineKind::Null | EngineKind::Rbd => None,
     };
     let (image_path, size) = match (&image, &opts.rbd) {

@@ -25,7 +25,10 @@ pub struct BenchArgs {
     /// Storage engine: null (completes at once, reads give zeros; QSD: null-co with
     /// read-zeroes=on), uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
     /// cache.direct=on) or rbd (the Ceph RBD image --rbd, librbd's cache off; QSD: rbd,
-    /// cache.direct=on; mqblk must be built with --features rbd).
+    /// cache.direct=on; mqblk must be built with --features rbd) or nvme (mqblk's NVMe
+    /// passthrough engine on the namespace's character device --path /dev/ngXnY; QSD and native
+    /// fio on its block device /dev/nvmeXnY; the `--mqblk-opts` key `nvme-via=block` serves the
+    /// block device with mqblk's uring engine instead, for the comparison; reads only).
     #[arg(long, default_value = "null")]
     pub engine: String,
     /// The RBD image for the rbd engine, as POOL/IMAGE. Created at --size and filled with data
@@ -107,6 +110,9 @@ pub enum EngineKind {
     Uring,
     /// A Ceph RBD image through librbd.
     Rbd,
+    /// An NVMe namespace: mqblk's NVMe passthrough engine on its character device, QSD and
+    /// native fio on its block device.
+    Nvme,
 }
 
 impl EngineKind {
@@ -116,6 +122,7 @@ impl EngineKind {
             EngineKind::Null => "null",
             EngineKind::Uring => "uring",
             EngineKind::Rbd => "rbd",
+            EngineKind::Nvme => "nvme",
         }
     }
 }
@@ -127,7 +134,10 @@ impl FromStr for EngineKind {
             "null" => Ok(EngineKind::Null),
             "uring" => Ok(EngineKind::Uring),
             "rbd" => Ok(EngineKind::Rbd),
-            _ => Err(format!("unknown engine {s:?}: use null, uring or rbd")),
+            "nvme" => Ok(EngineKind::Nvme),
+            _ => Err(format!(
+                "unknown engine {s:?}: use null, uring, rbd or nvme"
+            )),
         }
     }
 }
@@ -241,11 +251,20 @@ impl BenchOptions {
         if !(1..=1000).contains(&a.repeat) {
             return Err(format!("--repeat {}: 1 to 1000", a.repeat));
         }
-        if engine != EngineKind::Uring && backends.contains(&Backend::Native) {
-            return Err("--backend native runs fio on a file: it needs --engine uring".into());
+        let on_storage = matches!(engine, EngineKind::Uring | EngineKind::Nvme);
+        if !on_storage && backends.contains(&Backend::Native) {
+            return Err(
+                "--backend native runs fio on a file or device: it needs --engine uring or nvme"
+                    .into(),
+            );
         }
-        if engine != EngineKind::Uring && a.path.is_some() {
-            return Err("--path is for --engine uring".into());
+        if !on_storage && a.path.is_some() {
+            return Err("--path is for --engine uring and nvme".into());
+        }
+        if engine == EngineKind::Nvme && a.path.is_none() {
+            return Err(
+                "--engine nvme needs --path /dev/ngXnY (the namespace's character device)".into(),
+            );
         }
         let rbd = match (engine, &a.rbd) {
             (EngineKind::Rbd, Some(spec)) => Some(rbd::RbdTarget::parse(
@@ -280,6 +299,13 @@ impl BenchOptions {
                         "--mqblk-opts {o}: {key}= is set by the bench (see --engine, --path, \
                          --size, --mode)"
                     ));
+                }
+                if let Some(via) = kv.strip_prefix("nvme-via=") {
+                    if engine != EngineKind::Nvme || !["passthrough", "block"].contains(&via) {
+                        return Err(format!(
+                            "--mqblk-opts {o}: nvme-via={via}: passthrough or block, with --engine nvme"
+                        ));
+                    }
                 }
                 if let Some(mode) = kv.strip_prefix("sandbox=") {
                     if !["auto", "strict", "off"].contains(&mode) {

@@ -31,7 +31,7 @@ pub use self::usage::{parse_host_busy_ticks, parse_stat_ticks, parse_status, Pro
 
 /// Keys of a `--mqblk-opts` variant that the bench takes for itself (the others are export
 /// keys): the mqblk executable, the directory of its stats file, and its `--sandbox`.
-const BENCH_KEYS: [&str; 3] = ["bin", "stats-dir", "sandbox"];
+const BENCH_KEYS: [&str; 4] = ["bin", "stats-dir", "sandbox", "nvme-via"];
 
 /// Checks that the binaries the chosen backends need are there.
 pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
@@ -63,6 +63,50 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The block device of the NVMe namespace whose character device is `--path` (`/dev/ng0n1`'s
+/// is `/dev/nvme0n1`), and its size: QSD and native fio measure the block path on it.
+pub fn prepare_namespace(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
+    use std::os::unix::fs::FileTypeExt;
+    let ng = opts
+        .path
+        .as_ref()
+        .context("checked: --engine nvme has --path")?;
+    let meta = std::fs::metadata(ng).with_context(|| format!("--path {}", ng.display()))?;
+    ensure!(
+        meta.file_type().is_char_device(),
+        "--path {}: --engine nvme takes the namespace's character device (/dev/ngXnY)",
+        ng.display()
+    );
+    let block = namespace_block_device(ng).with_context(|| {
+        format!(
+            "--path {}: not named like an NVMe namespace's character device (ngXnY)",
+            ng.display()
+        )
+    })?;
+    let writes: Vec<&str> = opts
+        .workloads
+        .iter()
+        .filter(|w| w.pattern.writes())
+        .map(|w| w.name.as_str())
+        .collect();
+    ensure!(
+        writes.is_empty(),
+        "--engine nvme: the namespace is only read by the bench; drop the write workloads ({})",
+        writes.join(", ")
+    );
+    let f = File::open(&block).with_context(|| format!("opening {}", block.display()))?;
+    let size =
+        mqblk::engine::blockdev_size(&f).with_context(|| format!("size of {}", block.display()))?;
+    Ok((block, size & !4095))
+}
+
+/// `/dev/ngXnY` -> `/dev/nvmeXnY`.
+pub fn namespace_block_device(ng: &Path) -> Option<PathBuf> {
+    let name = ng.file_name()?.to_str()?;
+    let rest = name.strip_prefix("ng")?;
+    Some(ng.with_file_name(format!("nvme{rest}")))
 }
 
 /// The uring engine's image: `--path` or OUT/disk.img. A missing file is created at `--size`
@@ -333,6 +377,57 @@ pub fn parse_stats(text: &str) -> anyhow::Result<MqblkCounters> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_nvme_run_serves_the_character_device_and_compares_the_block_device() {
+        assert_eq!(
+            namespace_block_device(Path::new("/dev/ng1n2")),
+            Some(PathBuf::from("/dev/nvme1n2"))
+        );
+        assert_eq!(namespace_block_device(Path::new("/dev/sda")), None);
+        let o = crate::options::test_options(
+            "--backend mqblk,qsd --engine nvme --path /dev/ng0n1 --mode per-queue \
+             --mqblk-opts poll=on --mqblk-opts poll=on,nvme-via=block --workloads randread-4k",
+        )
+        .unwrap();
+        let env = RunEnv::new(&o, Some(PathBuf::from("/dev/nvme0n1")), 1 << 30).unwrap();
+        let points = o.points();
+        let spec_of = |variant: usize| {
+            let p = points
+                .iter()
+                .find(|p| p.backend == Backend::Mqblk && p.variant == variant)
+                .unwrap();
+            let cmd = env.mqblk_command(p, Path::new("/s"), Path::new("/st"));
+            cmd.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .find(|a| a.starts_with("socket="))
+                .unwrap()
+        };
+        let passthrough = spec_of(0);
+        assert!(
+            passthrough.contains(",engine=nvme,path=/dev/ng0n1"),
+            "{passthrough}"
+        );
+        let block = spec_of(1);
+        assert!(
+            block.contains(",engine=uring,path=/dev/nvme0n1,direct=on")
+                && !block.contains("nvme-via"),
+            "{block}"
+        );
+        let qsd = points.iter().find(|p| p.backend == Backend::Qsd).unwrap();
+        let args: Vec<String> = env
+            .qsd_command(qsd, Path::new("/s"))
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            args.iter().any(|a| a.contains("filename=/dev/nvme0n1")),
+            "{args:?}"
+        );
+        // Writes would destroy the device's data; no --path is refused at once.
+        assert!(crate::options::test_options("--engine nvme").is_err());
+        assert!(crate::options::test_options("--engine null --mqblk-opts nvme-via=block").is_err());
+    }
 
     #[test]
     fn stats_file_sums_exports() {

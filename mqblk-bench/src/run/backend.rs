@@ -30,6 +30,16 @@ impl RunEnv<'_> {
             (Some(img), EngineKind::Uring, _) => {
                 spec.push_str(&format!(",engine=uring,path={},direct=on", img.display()))
             }
+            // `img` is the namespace's block device; --path its character device.
+            (Some(img), EngineKind::Nvme, _)
+                if self.variant_value(p, "nvme-via") == Some("block") =>
+            {
+                spec.push_str(&format!(",engine=uring,path={},direct=on", img.display()))
+            }
+            (Some(_), EngineKind::Nvme, _) => {
+                let ng = o.path.as_ref().expect("checked: --engine nvme has --path");
+                spec.push_str(&format!(",engine=nvme,path={}", ng.display()))
+            }
             (_, EngineKind::Rbd, Some(rbd)) => {
                 // A variant's own value of one of these keys (direct=off, conf=...) wins.
                 let variant = &o.mqblk_opts[p.variant];
@@ -91,7 +101,7 @@ impl RunEnv<'_> {
                 .as_ref()
                 .expect("checked: --engine rbd has --rbd")
                 .qsd_blockdev(),
-            (Some(img), EngineKind::Uring) => {
+            (Some(img), EngineKind::Uring | EngineKind::Nvme) => {
                 use std::os::unix::fs::FileTypeExt;
                 // QEMU's file driver refuses block devices: they take host_device.
                 let dev = std::fs::metadata(img)
