@@ -265,10 +265,8 @@ mod tests {
             Started::Done(0)
         ));
         // SAFETY: as above.
-        assert_eq!(
-            cmd_of(unsafe { ch.start(&Op::Flush, 1) })[0],
-            command::opcode::FLUSH
-        );
+        let flush = unsafe { ch.start(&Op::Flush, 1) };
+        assert_eq!(cmd_of(flush)[0], command::opcode::FLUSH);
     }
 
     #[test]
