@@ -73,14 +73,23 @@ impl IoThread {
         if self.slots.lookup(lead).is_none() {
             return;
         }
-        let io_len = self.slots.io_len(lead);
-        let slot = self.slots.get_mut(lead);
-        let (res, split) = match slot.split.part_done(res, whole, io_len) {
-            PartDone::NotSplit if whole && res == 0 => (io_len.min(i32::MAX as u64) as i32, false),
-            PartDone::NotSplit => (res, false),
-            PartDone::Waiting => return,
-            PartDone::Last(res) => (res, true),
+        // The common case (one plain operation) costs one test here; the I/O's length is
+        // only needed for a split or all-or-nothing one.
+        let plain = !whole && !self.slots.get(lead).split.in_progress();
+        let (res, split) = if plain {
+            (res, false)
+        } else {
+            let io_len = self.slots.io_len(lead);
+            match self.slots.get_mut(lead).split.part_done(res, whole, io_len) {
+                PartDone::NotSplit if whole && res == 0 => {
+                    (io_len.min(i32::MAX as u64) as i32, false)
+                }
+                PartDone::NotSplit => (res, false),
+                PartDone::Waiting => return,
+                PartDone::Last(res) => (res, true),
+            }
         };
+        let slot = self.slots.get(lead);
         let (kind, head, merged) = (slot.kind, slot.head, slot.is_merged());
         if res < 0 && !merged && !split {
             let op = self.op_of(lead);

@@ -172,6 +172,11 @@ pub enum PartDone {
 }
 
 impl SplitState {
+    /// Whether parts of the slot's I/O are in flight.
+    pub fn in_progress(&self) -> bool {
+        self.left > 0
+    }
+
     /// Records a part's result: `res` as the engine gave it, `whole` if success means the
     /// whole part (an NVMe command); `io_len` is the request's bytes.
     pub fn part_done(&mut self, res: i32, whole: bool, io_len: u64) -> PartDone {
