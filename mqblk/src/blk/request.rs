@@ -787,6 +787,21 @@ mod tests {
         };
         let e = dwz_req(VIRTIO_BLK_T_DISCARD, 0, 8, 0, &ro).unwrap_err();
         assert_eq!((e.reason, e.status), (Reason::ReadOnly, Status::IoErr));
+        // Storage without the operation (it was not offered): UNSUPP, whatever the count.
+        let without = Limits {
+            max_discard_sectors: 0,
+            max_write_zeroes_sectors: 0,
+            ..l
+        };
+        for t in [VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES] {
+            for num in [0, 8] {
+                let e = dwz_req(t, 0, num, 0, &without).unwrap_err();
+                assert_eq!(
+                    (e.reason, e.status),
+                    (Reason::UnsupportedType, Status::Unsupp)
+                );
+            }
+        }
         // Two segments: UNSUPP.
         let m = mem();
         hdr(&m, 0x1000, VIRTIO_BLK_T_DISCARD, 0);

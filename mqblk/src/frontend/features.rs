@@ -46,3 +46,23 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
 pub fn has(features: u64, bit: u32) -> bool {
     features & (1 << bit) != 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discard_and_write_zeroes_are_offered_only_where_the_storage_has_them() {
+        let all = device_features(false, true, true);
+        assert!(has(all, VIRTIO_BLK_F_DISCARD) && has(all, VIRTIO_BLK_F_WRITE_ZEROES));
+        assert!(!has(all, VIRTIO_BLK_F_RO));
+        // An NVMe controller without Dataset Management and Write Zeroes (ONCS bits 2 and 3).
+        let none = device_features(true, false, false);
+        assert!(!has(none, VIRTIO_BLK_F_DISCARD) && !has(none, VIRTIO_BLK_F_WRITE_ZEROES));
+        assert!(has(none, VIRTIO_BLK_F_RO) && has(none, VIRTIO_BLK_F_FLUSH));
+        let zeroes_only = device_features(false, false, true);
+        assert!(
+            !has(zeroes_only, VIRTIO_BLK_F_DISCARD) && has(zeroes_only, VIRTIO_BLK_F_WRITE_ZEROES)
+        );
+    }
+}
