@@ -28,7 +28,7 @@ fn counted(slot: &Slot) -> Option<(Dir, u64)> {
 /// Lets `slot` through `throttle` at `now`, or says how long it must wait.
 fn try_admit(throttle: &Throttle, slot: &Slot, now: Instant) -> Result<(), Duration> {
     match counted(slot) {
-        Some((dir, bytes)) => throttle.admit(dir, bytes, now),
+        Some((dir, bytes)) => throttle.admit(std::thread::current().id(), dir, bytes, now),
         None => Ok(()),
     }
 }
