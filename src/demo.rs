@@ -1,14 +1,17 @@
-//! `mqblk demo`: mqblk's main job on a built-in default.
+//! `mqblk demo`: mqblk's main job on a built-in default, or on an export you name.
 //!
-//! Serves a default disk image (a raw file, O_DIRECT where the filesystem allows it) on a
-//! socket in a fresh temporary directory, drives real I/O through that socket with the built-in
-//! vhost-user client (libblkio's `virtio-blk-vhost-user` driver, the same one fio's libblkio
-//! engine uses), verifies the data, and prints what it did and what the backend counted.
+//! Serves a default disk image (a raw file, O_DIRECT where the filesystem allows it), or the
+//! export of `--export`, on a socket in a fresh temporary directory, drives real I/O through
+//! that socket with the built-in vhost-user client (libblkio's `virtio-blk-vhost-user` driver,
+//! the same one fio's libblkio engine uses), verifies the data, tries the device's other
+//! requests ([`requests`]), and prints what it did and what the backend counted.
 
-use std::path::PathBuf;
+mod requests;
+
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{ensure, Context};
+use anyhow::{bail, ensure, Context};
 
 use mqblk::config::parse_export_spec;
 use mqblk::daemon::{self, Export};
@@ -16,21 +19,32 @@ use mqblk::engine::OpenError;
 use mqblk::io::IoCounters;
 use mqblk_client::{self as client, Pattern, Workload};
 
+/// The data pattern's seed when none is given ("mqblk").
+pub const DEFAULT_SEED: u64 = 0x006d_7162_6c6b;
+
 /// Settings of a demo run.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
-    /// Image size in bytes.
+    /// Image size in bytes (the default image only).
     pub size: u64,
-    /// Virtqueues (and I/O threads, one per queue).
+    /// Virtqueues (and I/O threads, one per queue) of the default image.
     pub queues: u16,
     /// Client jobs (threads), spread over the queues.
     pub jobs: usize,
     /// Requests in flight per job.
     pub iodepth: usize,
-    /// Seconds of 4k random reads after the verification pass.
+    /// Seconds of random reads after the verification pass.
     pub runtime: Duration,
     /// Directory for the image and socket (default: a new temporary directory).
     pub dir: Option<PathBuf>,
+    /// Serve this export (an `mqblk serve --export` spec without `socket=`) instead of a new
+    /// image; its capacity and queues are the disk's.
+    pub export: Option<String>,
+    /// Bytes per request of the verify, re-read and random-read steps.
+    pub block_size: usize,
+    /// Seeds the data pattern (and the random offsets): the verify step writes
+    /// [`mqblk_client::fill_pattern`] under this seed, which is what a reader of the disk checks.
+    pub seed: u64,
 }
 
 impl Default for DemoOptions {
@@ -42,6 +56,9 @@ impl Default for DemoOptions {
             iodepth: 32,
             runtime: Duration::from_secs(3),
             dir: None,
+            export: None,
+            block_size: 4096,
+            seed: DEFAULT_SEED,
         }
     }
 }
@@ -61,21 +78,19 @@ fn print_backend(label: &str, before: IoCounters, after: IoCounters) {
     );
 }
 
-/// Runs the demo; returns an error if anything failed or any data did not verify.
-pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
-    let tmp;
-    let dir = match &opts.dir {
-        Some(d) => d.clone(),
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("mqblk-demo")
-                .tempdir()
-                .context("creating a temporary directory")?;
-            tmp.path().to_path_buf()
-        }
-    };
+/// A request size as the step titles show it: "4k", "128k", or bytes.
+fn size_label(bytes: usize) -> String {
+    if bytes.is_multiple_of(1024) {
+        format!("{}k", bytes / 1024)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// Serves a new raw image of `opts.size` bytes in `dir` on `sock`, with O_DIRECT unless the
+/// filesystem refuses it. Returns the export and what it serves, for the last line.
+fn serve_image(opts: &DemoOptions, dir: &Path, sock: &Path) -> anyhow::Result<(Export, String)> {
     let img = dir.join("disk.img");
-    let sock = dir.join("mqblk.sock");
     let _ = std::fs::remove_file(&img);
     let spec = |direct: &str| {
         format!(
@@ -106,59 +121,164 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
         opts.size >> 20,
         sock.display()
     );
+    Ok((export, img.display().to_string()))
+}
+
+/// The keys of an export spec (`key=value` pairs separated by commas).
+fn spec_keys(spec: &str) -> impl Iterator<Item = &str> {
+    spec.split(',')
+        .map(|item| item.split_once('=').map_or(item, |(k, _)| k).trim())
+        .filter(|k| !k.is_empty())
+}
+
+/// Serves the export `spec` (without a socket: demo gives it `sock`). Returns the export and
+/// what it serves, for the last line.
+fn serve_export(spec: &str, sock: &Path) -> anyhow::Result<(Export, String)> {
+    if let Some(k) = spec_keys(spec).find(|k| matches!(*k, "socket" | "fd")) {
+        bail!("--export {spec}: leave out {k}=; demo serves the export on a socket of its own");
+    }
+    let cfg = parse_export_spec(&format!("socket={},{spec}", sock.display()))
+        .with_context(|| format!("--export {spec}"))?;
+    let path = cfg.path.clone();
+    let export = Export::start(cfg).with_context(|| format!("--export {spec}"))?;
+    let engine = export.device().engine();
+    let served = match path {
+        Some(p) => p.display().to_string(),
+        None => format!("engine={}", engine.name()),
+    };
+    println!(
+        "mqblk demo: serving {served} ({} bytes, {}-byte blocks) on {}",
+        engine.capacity(),
+        engine.block_size(),
+        sock.display()
+    );
+    Ok((export, served))
+}
+
+/// Runs the demo; returns an error if anything failed or any data did not verify.
+pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
+    let tmp;
+    let dir = match &opts.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("mqblk-demo")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let sock = dir.join("mqblk.sock");
+    let (export, served) = match &opts.export {
+        None => serve_image(opts, &dir, &sock)?,
+        Some(spec) => serve_export(spec, &sock)?,
+    };
+    let config = export.device().config().clone();
     println!(
         "  export: {} queues, {} I/O threads ({} mapping), engine {}",
-        opts.queues,
-        export.device().config().num_threads(),
-        export.device().config().mapping_name(),
+        config.queues,
+        config.num_threads(),
+        config.mapping_name(),
         export.device().engine().name()
     );
-    let result = (|| -> anyhow::Result<()> {
-        let mut w = Workload::new(&sock);
-        w.num_queues = opts.queues as usize;
-        w.jobs = opts.jobs;
-        w.iodepth = opts.iodepth;
-        w.block_size = 4096;
-        w.seed = 0x006d_7162_6c6b;
-
-        println!("step 1: write a seeded pattern over the whole disk and read it back (4k, {} jobs x iodepth {})", w.jobs, w.iodepth);
-        w.pattern = Pattern::Verify;
-        let before = export.device().counters();
-        let r = client::run(&w)?;
-        println!("  {r}");
-        print_backend("verify", before, export.device().counters());
-        ensure!(
-            r.clean() && r.mismatches == 0 && r.verified_bytes > 0,
-            "verification failed: {r}"
-        );
-
-        println!("step 2: a new connection reads everything back and checks it");
-        w.pattern = Pattern::Check;
-        let r = client::run(&w)?;
-        println!("  {r}");
-        ensure!(
-            r.clean() && r.mismatches == 0 && r.verified_bytes == opts.size,
-            "re-read failed: {r}"
-        );
-
-        println!(
-            "step 3: 4k random reads for {} s",
-            opts.runtime.as_secs_f64()
-        );
-        w.pattern = Pattern::RandRead;
-        w.runtime = Some(opts.runtime);
-        let before = export.device().counters();
-        let r = client::run(&w)?;
-        println!("  {r}");
-        print_backend("randread", before, export.device().counters());
-        ensure!(r.clean(), "random reads failed: {r}");
-        Ok(())
-    })();
+    let result = drive(opts, &export, &sock, config.queues as usize);
     export.shutdown();
     result?;
-    println!(
-        "demo OK: data verified, {} served and drained cleanly",
-        img.display()
-    );
+    println!("demo OK: data verified, {served} served and drained cleanly");
     Ok(())
+}
+
+/// Steps 1 to 4 on the export being served on `sock` with `queues` queues.
+fn drive(opts: &DemoOptions, export: &Export, sock: &Path, queues: usize) -> anyhow::Result<()> {
+    let engine = export.device().engine();
+    let (capacity, disk_block) = (engine.capacity(), engine.block_size() as usize);
+    let bs = opts.block_size;
+    ensure!(
+        bs.is_multiple_of(disk_block),
+        "--block-size {bs} is not a multiple of the disk's {disk_block}-byte blocks"
+    );
+    // What step 1 writes: each job's region, from the start of the disk (the tail that does
+    // not divide evenly stays unwritten).
+    let regions = client::job_regions(0, capacity, opts.jobs, bs)?;
+    let written: u64 = regions.iter().map(|&(_, len)| len).sum();
+
+    let mut w = Workload::new(sock);
+    w.num_queues = queues;
+    w.jobs = opts.jobs;
+    w.iodepth = opts.iodepth;
+    w.block_size = bs;
+    w.seed = opts.seed;
+    let label = size_label(bs);
+
+    println!(
+        "step 1: write a seeded pattern over the whole disk and read it back ({label}, {} jobs x iodepth {})",
+        w.jobs, w.iodepth
+    );
+    w.pattern = Pattern::Verify;
+    let before = export.device().counters();
+    let r = client::run(&w)?;
+    println!("  {r}");
+    print_backend("verify", before, export.device().counters());
+    ensure!(
+        r.clean() && r.mismatches == 0 && r.verified_bytes > 0,
+        "verification failed: {r}"
+    );
+
+    println!("step 2: a new connection reads everything back and checks it");
+    w.pattern = Pattern::Check;
+    let r = client::run(&w)?;
+    println!("  {r}");
+    ensure!(
+        r.clean() && r.mismatches == 0 && r.verified_bytes == written,
+        "re-read failed: {r}"
+    );
+
+    println!(
+        "step 3: {label} random reads for {} s",
+        opts.runtime.as_secs_f64()
+    );
+    w.pattern = Pattern::RandRead;
+    w.runtime = Some(opts.runtime);
+    let before = export.device().counters();
+    let r = client::run(&w)?;
+    println!("  {r}");
+    print_backend("randread", before, export.device().counters());
+    ensure!(r.clean(), "random reads failed: {r}");
+
+    println!("step 4: the device's other requests, and reads past its end");
+    requests::run(sock, queues, written, opts.seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_keys_name_each_key_once_in_order() {
+        let keys: Vec<_> = spec_keys("engine=uring, path=/dev/x,,queues=2,readonly").collect();
+        assert_eq!(keys, ["engine", "path", "queues", "readonly"]);
+    }
+
+    #[test]
+    fn an_export_with_its_own_socket_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        for spec in [
+            "engine=null,size=1M,socket=/tmp/x.sock",
+            "fd=3,engine=null,size=1M",
+        ] {
+            let err = serve_export(spec, &sock)
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(err.contains("leave out"), "{err}");
+        }
+    }
+
+    #[test]
+    fn request_sizes_are_labelled_in_kib_where_they_divide() {
+        assert_eq!(size_label(4096), "4k");
+        assert_eq!(size_label(131072), "128k");
+        assert_eq!(size_label(1536), "1536");
+    }
 }

@@ -79,30 +79,47 @@ enum Cmd {
     Ctl(ctl::CtlArgs),
     /// Serve a default disk image and drive real, verified I/O through it with the built-in
     /// vhost-user client (libblkio's virtio-blk-vhost-user driver).
-    Demo {
-        /// Image size (K/M/G suffixes).
-        #[arg(long, default_value = "256M")]
-        size: String,
-        /// Virtqueues, one I/O thread each.
-        #[arg(long, default_value_t = 2)]
-        queues: u16,
-        /// Client jobs.
-        #[arg(long, default_value_t = 2)]
-        jobs: usize,
-        /// Requests in flight per job.
-        #[arg(long, default_value_t = 32)]
-        iodepth: usize,
-        /// Seconds of random reads.
-        #[arg(long, default_value_t = 3.0)]
-        runtime: f64,
-        /// Directory for the image and socket (default: a new temporary directory).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
+    Demo(DemoArgs),
     /// Benchmark mqblk's thread mappings against qemu-storage-daemon and host-native fio:
     /// starts each backend itself, runs every point interleaved across repeats, prints a table
     /// and writes results.json, report.md and iops.png.
     Bench(Box<mqblk_bench::BenchArgs>),
+}
+
+/// `mqblk demo`'s options.
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Image size (K/M/G suffixes).
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// Virtqueues, one I/O thread each.
+    #[arg(long, default_value_t = 2)]
+    queues: u16,
+    /// Client jobs.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    /// Requests in flight per job.
+    #[arg(long, default_value_t = 32)]
+    iodepth: usize,
+    /// Seconds of random reads.
+    #[arg(long, default_value_t = 3.0)]
+    runtime: f64,
+    /// Directory for the image and socket (default: a new temporary directory).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Serve this export instead of a new image: an `mqblk serve --export` spec without
+    /// socket= (demo serves it on a socket in its directory), e.g.
+    /// engine=uring,path=/dev/nvme0n1,queues=2. The disk's size and queues are the export's.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["size", "queues"])]
+    export: Option<String>,
+    /// Bytes per request of the verify, re-read and random-read steps (K/M suffixes): a
+    /// multiple of the disk's block size.
+    #[arg(long, value_name = "BYTES", default_value = "4096")]
+    block_size: String,
+    /// Seed of the data pattern the verify step writes (each 8-byte word a hash of its disk
+    /// offset and the seed), so that a reader of the disk can check it afterwards.
+    #[arg(long, default_value_t = demo::DEFAULT_SEED)]
+    seed: u64,
 }
 
 fn init_logging(level: &str) -> anyhow::Result<()> {
@@ -171,23 +188,32 @@ fn serve(
     Ok(())
 }
 
-fn run_demo(
-    size: &str,
-    queues: u16,
-    jobs: usize,
-    iodepth: usize,
-    runtime: f64,
-    dir: Option<PathBuf>,
-) -> anyhow::Result<()> {
-    let size = config::parse_size(size)
+/// Largest `--block-size`: what the client maps per request slot stays modest.
+const MAX_DEMO_BLOCK_SIZE: u64 = 16 << 20;
+
+fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+    let size = config::parse_size(&args.size)
         .filter(|s| *s >= 1 << 20 && s % 4096 == 0)
         .with_context(|| {
-            format!("invalid --size {size}: a multiple of 4K, at least 1M, e.g. 256M")
+            format!(
+                "invalid --size {}: a multiple of 4K, at least 1M, e.g. 256M",
+                args.size
+            )
         })?;
+    let block_size = config::parse_size(&args.block_size)
+        .filter(|b| *b >= 512 && b % 512 == 0 && *b <= MAX_DEMO_BLOCK_SIZE)
+        .with_context(|| {
+            format!(
+                "invalid --block-size {}: a multiple of 512 up to 16M, e.g. 4096 or 128K",
+                args.block_size
+            )
+        })?;
+    let queues = args.queues;
     ensure!(
         (1..=64).contains(&queues),
         "invalid --queues {queues}: 1 to 64"
     );
+    let (jobs, iodepth, runtime) = (args.jobs, args.iodepth, args.runtime);
     ensure!(
         jobs > 0 && iodepth > 0 && runtime > 0.0 && runtime <= 3600.0,
         "--jobs and --iodepth must be at least 1, --runtime 0 to 3600 s"
@@ -199,7 +225,10 @@ fn run_demo(
         jobs,
         iodepth,
         runtime: std::time::Duration::from_secs_f64(runtime),
-        dir,
+        dir: args.dir,
+        export: args.export,
+        block_size: block_size as usize,
+        seed: args.seed,
     })
 }
 
@@ -243,14 +272,7 @@ fn main() -> ExitCode {
             },
         ),
         Cmd::Ctl(args) => ctl::run(&args),
-        Cmd::Demo {
-            size,
-            queues,
-            jobs,
-            iodepth,
-            runtime,
-            dir,
-        } => run_demo(&size, queues, jobs, iodepth, runtime, dir),
+        Cmd::Demo(args) => run_demo(args),
         Cmd::Bench(args) => run_bench(&args),
     };
     match result {
