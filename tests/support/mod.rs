@@ -6,6 +6,7 @@
 //! - [`console`]: a QEMU guest's serial console, watched while the guest runs.
 //! - [`daemon`]: temp dirs, disk images and data patterns, `mqblk serve` as a [`daemon::Daemon`]
 //!   with its `--export` specs.
+//! - [`demo_report`]: what `mqblk demo` printed, and what the disk it drove must hold.
 //! - [`frontend`]: the hand-written vhost-user frontend of the hostile tests, with hand-written
 //!   guest memory and rings.
 //! - [`hostile`]: the daemon that the hostile tests attack, and a client that must go on being
@@ -28,6 +29,7 @@ pub mod api;
 pub mod ceph;
 pub mod console;
 pub mod daemon;
+pub mod demo_report;
 pub mod frontend;
 pub mod hostile;
 pub mod mem;

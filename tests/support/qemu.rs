@@ -152,6 +152,51 @@ impl GuestBoot {
     }
 }
 
+/// A guest without a vhost-user disk, for [`GuestBoot::spawn_qemu_devices`]: its devices are
+/// all in `args`, and its memory is private (nothing outside QEMU maps it).
+pub struct DeviceGuest<'a> {
+    /// vCPUs.
+    pub smp: usize,
+    /// Guest memory, in QEMU's `-m` syntax (e.g. "1G").
+    pub memory: &'a str,
+    /// Kernel command line.
+    pub append: String,
+    /// The devices and anything else for QEMU's command line (e.g. `-qmp ...`).
+    pub args: Vec<String>,
+    /// The guest's serial console.
+    pub console: &'a Path,
+    /// QEMU's own stdout and stderr.
+    pub log: &'a Path,
+}
+
+impl GuestBoot {
+    /// Starts QEMU under TCG (q35) with the devices of `g` and no others, the serial console in
+    /// `g.console` and QEMU's own output in `g.log`.
+    pub fn spawn_qemu_devices(&self, g: DeviceGuest) -> Proc {
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args([
+            "-nodefaults",
+            "-no-user-config",
+            "-accel",
+            "tcg",
+            "-machine",
+            "q35",
+        ])
+        .args(["-smp", &g.smp.to_string(), "-m", g.memory])
+        .args(["-display", "none", "-monitor", "none"])
+        .arg("-serial")
+        .arg(format!("file:{}", g.console.display()))
+        .arg("-no-reboot")
+        .arg("-kernel")
+        .arg(&self.kernel)
+        .arg("-initrd")
+        .arg(&self.initramfs)
+        .args(["-append", &g.append])
+        .args(&g.args);
+        Proc::spawn_logged("qemu-system-x86_64".into(), &mut cmd, g.log)
+    }
+}
+
 /// The QOM id of the guest's vhost-user-blk device (QMP names it by it).
 pub const DISK_ID: &str = "vblk0";
 
