@@ -127,7 +127,7 @@ const CASES: [Case; 6] = [
         name: "lba512-baseline",
         controller: 0,
         nsid: 1,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 1,
         threads: "1",
         block_size: 4096,
@@ -136,7 +136,7 @@ const CASES: [Case; 6] = [
         name: "lba512-mq",
         controller: 0,
         nsid: 2,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 2,
         threads: "1",
         block_size: 4096,
@@ -145,7 +145,7 @@ const CASES: [Case; 6] = [
         name: "lba512-per-queue",
         controller: 0,
         nsid: 3,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
@@ -154,7 +154,7 @@ const CASES: [Case; 6] = [
         name: "lba4k-baseline",
         controller: 1,
         nsid: 4,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 1,
         threads: "1",
         block_size: 4096,
@@ -163,7 +163,7 @@ const CASES: [Case; 6] = [
         name: "lba4k-mq",
         controller: 1,
         nsid: 5,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 2,
         threads: "1",
         block_size: 4096,
@@ -172,7 +172,7 @@ const CASES: [Case; 6] = [
         name: "lba4k-per-queue",
         controller: 1,
         nsid: 6,
-        engine: Engine::Uring,
+        engine: Engine::Nvme,
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
@@ -235,14 +235,14 @@ const ERROR_CASES: [ErrorCase; 2] = [
         ns: Some((0, 1)),
         spec: "engine=nvme,path=@blk",
         line_contains: &["is a block device", "engine=uring"],
-        line_checked: false,
+        line_checked: true,
     },
     ErrorCase {
         name: "nvme-on-regular-file",
         ns: None,
         spec: "engine=nvme,path=@file",
         line_contains: &["is not an NVMe namespace's character device"],
-        line_checked: false,
+        line_checked: true,
     },
 ];
 
@@ -698,17 +698,17 @@ fn demo_report_failures_are_detected() {
 fn guest_parameters_name_each_case_and_engine() {
     let cmdline = kernel_cmdline(7);
     assert!(cmdline.contains(
-        "mqblk.case=lba4k-per-queue:mqblk4k:6:engine=uring,path=@blk,queues=2,\
+        "mqblk.case=lba4k-per-queue:mqblk4k:6:engine=nvme,path=@chr,queues=2,\
          threads=per-queue:131072:2:12"
     ));
     assert!(cmdline.contains("mqblk.error=nvme-on-regular-file:-:-:engine=nvme,path=@file"));
-    let nvme = Case {
-        engine: Engine::Nvme,
+    let uring = Case {
+        engine: Engine::Uring,
         ..CASES[0]
     };
     assert_eq!(
-        nvme.param(1),
-        "mqblk.case=lba512-baseline:mqblk512:1:engine=nvme,path=@chr,queues=1,threads=1:4096:1:1"
+        uring.param(1),
+        "mqblk.case=lba512-baseline:mqblk512:1:engine=uring,path=@blk,queues=1,threads=1:4096:1:1"
     );
     // Every case on a namespace of its own, and every drive's id unique.
     for (i, a) in CASES.iter().enumerate() {
@@ -722,8 +722,9 @@ fn guest_parameters_name_each_case_and_engine() {
 }
 
 #[test]
-fn error_case_checks_catch_hangs_and_chatter() {
-    let line = |name: &str, rc: u32, secs: f64, lines: &[&str]| {
+fn error_case_checks_catch_hangs_chatter_and_wrong_lines() {
+    let lines_of = |case: &ErrorCase, rc: u32, secs: f64, lines: &[&str]| {
+        let name = case.name;
         let mut v = vec![format!(
             "error {name} rc={rc} secs={secs} lines={}",
             lines.len()
@@ -731,25 +732,50 @@ fn error_case_checks_catch_hangs_and_chatter() {
         v.extend(lines.iter().map(|l| format!("error {name} | {l}")));
         v
     };
-    let report_of = |a: Vec<String>, b: Vec<String>| [a, b].concat();
-    let [blk, file] = ERROR_CASES.each_ref().map(|c| c.name);
-    let good = report_of(
-        line(
-            blk,
-            1,
-            0.3,
-            &["mqblk: error: /dev/nvme0n1 is a block device"],
-        ),
-        line(file, 1, 0.2, &["mqblk: error: x"]),
-    );
+    let [blk, file] = &ERROR_CASES;
+    // The line each case wants: everything it must contain.
+    let want = |case: &ErrorCase| format!("mqblk: error: {}", case.line_contains.join(" ... "));
+    let (blk_line, file_line) = (want(blk), want(file));
+    let good = [
+        lines_of(blk, 1, 0.3, &[&blk_line]),
+        lines_of(file, 1, 0.2, &[&file_line]),
+    ]
+    .concat();
     assert_eq!(check_error_cases(&good), Vec::<String>::new());
-    let hung = report_of(line(blk, 137, 20.0, &[]), line(file, 1, 0.2, &["x"]));
-    assert_eq!(
-        check_error_cases(&hung).len(),
-        3,
-        "{:#?}",
-        check_error_cases(&hung)
+
+    let hung = [
+        lines_of(blk, 137, 20.0, &[]),
+        lines_of(file, 1, 0.2, &[&file_line]),
+    ]
+    .concat();
+    let failures = check_error_cases(&hung);
+    assert!(
+        failures.iter().all(|f| f.contains(blk.name)),
+        "{failures:#?}"
     );
-    let chatty = report_of(line(blk, 1, 0.3, &["a", "b"]), line(file, 0, 0.2, &["x"]));
+    for why in ["exit non-zero by itself", "at once", "exactly one line"] {
+        assert!(
+            failures.iter().any(|f| f.contains(why)),
+            "{why}: {failures:#?}"
+        );
+    }
+
+    let chatty = [
+        lines_of(blk, 1, 0.3, &[&blk_line, "and more"]),
+        lines_of(file, 0, 0.2, &[&file_line]),
+    ]
+    .concat();
     assert_eq!(check_error_cases(&chatty).len(), 2);
+
+    let wrong = [
+        lines_of(blk, 1, 0.3, &[&blk_line]),
+        lines_of(file, 1, 0.2, &["mqblk: error: something else"]),
+    ]
+    .concat();
+    let expected = if file.line_checked {
+        file.line_contains.len()
+    } else {
+        0
+    };
+    assert_eq!(check_error_cases(&wrong).len(), expected);
 }
