@@ -4,7 +4,9 @@
 //! export of `--export`, on a socket in a fresh temporary directory, drives real I/O through
 //! that socket with the built-in vhost-user client (libblkio's `virtio-blk-vhost-user` driver,
 //! the same one fio's libblkio engine uses), verifies the data, tries the device's other
-//! requests ([`requests`]), and prints what it did and what the backend counted.
+//! requests ([`requests`]), and prints what it did and what the backend counted. With
+//! `--connect` it serves nothing and drives the socket of a backend that runs already (an
+//! `mqblk serve`, confined by its sandbox as in production), whose counters it cannot see.
 
 mod requests;
 
@@ -45,6 +47,8 @@ pub struct DemoOptions {
     /// Seeds the data pattern (and the random offsets): the verify step writes
     /// [`mqblk_client::fill_pattern`] under this seed, which is what a reader of the disk checks.
     pub seed: u64,
+    /// Drive the backend already serving this socket instead of serving a disk.
+    pub connect: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -59,6 +63,7 @@ impl Default for DemoOptions {
             export: None,
             block_size: 4096,
             seed: DEFAULT_SEED,
+            connect: None,
         }
     }
 }
@@ -155,8 +160,19 @@ fn serve_export(spec: &str, sock: &Path) -> anyhow::Result<(Export, String)> {
     Ok((export, served))
 }
 
+/// The disk the steps drive: its size, block size and queues.
+#[derive(Debug, Clone, Copy)]
+struct Disk {
+    capacity: u64,
+    block_size: usize,
+    queues: usize,
+}
+
 /// Runs the demo; returns an error if anything failed or any data did not verify.
 pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
+    if let Some(sock) = &opts.connect {
+        return run_connected(opts, sock);
+    }
     let tmp;
     let dir = match &opts.dir {
         Some(d) => d.clone(),
@@ -174,36 +190,79 @@ pub fn run(opts: &DemoOptions) -> anyhow::Result<()> {
         Some(spec) => serve_export(spec, &sock)?,
     };
     let config = export.device().config().clone();
+    let engine = export.device().engine();
     println!(
         "  export: {} queues, {} I/O threads ({} mapping), engine {}",
         config.queues,
         config.num_threads(),
         config.mapping_name(),
-        export.device().engine().name()
+        engine.name()
     );
-    let result = drive(opts, &export, &sock, config.queues as usize);
+    let disk = Disk {
+        capacity: engine.capacity(),
+        block_size: engine.block_size() as usize,
+        queues: config.queues as usize,
+    };
+    let result = drive(opts, &sock, disk, Some(&export));
     export.shutdown();
     result?;
     println!("demo OK: data verified, {served} served and drained cleanly");
     Ok(())
 }
 
-/// Steps 1 to 4 on the export being served on `sock` with `queues` queues.
-fn drive(opts: &DemoOptions, export: &Export, sock: &Path, queues: usize) -> anyhow::Result<()> {
-    let engine = export.device().engine();
-    let (capacity, disk_block) = (engine.capacity(), engine.block_size() as usize);
+/// `--connect`: the steps on the backend serving `sock`, the disk as the device describes it.
+fn run_connected(opts: &DemoOptions, sock: &Path) -> anyhow::Result<()> {
+    let disk = {
+        let client = client::Client::connect(sock, 1)
+            .with_context(|| format!("--connect {}", sock.display()))?;
+        let queues = client
+            .prop_i32("max-queues")
+            .context("the device does not say how many queues it has")?;
+        Disk {
+            capacity: client.capacity(),
+            block_size: client.block_size() as usize,
+            queues: queues.max(1) as usize,
+        }
+    };
+    println!(
+        "mqblk demo: driving the backend on {} ({} bytes, {}-byte blocks, {} queues)",
+        sock.display(),
+        disk.capacity,
+        disk.block_size,
+        disk.queues
+    );
+    drive(opts, sock, disk, None)?;
+    println!("demo OK: data verified on {}", sock.display());
+    Ok(())
+}
+
+/// Steps 1 to 4 on `disk`, served on `sock`; with the `export` that serves it (when demo
+/// serves it itself), what the backend counted too.
+fn drive(
+    opts: &DemoOptions,
+    sock: &Path,
+    disk: Disk,
+    export: Option<&Export>,
+) -> anyhow::Result<()> {
     let bs = opts.block_size;
     ensure!(
-        bs.is_multiple_of(disk_block),
-        "--block-size {bs} is not a multiple of the disk's {disk_block}-byte blocks"
+        bs.is_multiple_of(disk.block_size),
+        "--block-size {bs} is not a multiple of the disk's {}-byte blocks",
+        disk.block_size
     );
     // What step 1 writes: each job's region, from the start of the disk (the tail that does
     // not divide evenly stays unwritten).
-    let regions = client::job_regions(0, capacity, opts.jobs, bs)?;
+    let regions = client::job_regions(0, disk.capacity, opts.jobs, bs)?;
     let written: u64 = regions.iter().map(|&(_, len)| len).sum();
+    let counters = || export.map(|e| e.device().counters());
+    let show_backend = |label: &str, before: Option<IoCounters>| {
+        if let (Some(before), Some(after)) = (before, counters()) {
+            print_backend(label, before, after);
+        }
+    };
 
     let mut w = Workload::new(sock);
-    w.num_queues = queues;
+    w.num_queues = disk.queues;
     w.jobs = opts.jobs;
     w.iodepth = opts.iodepth;
     w.block_size = bs;
@@ -215,10 +274,10 @@ fn drive(opts: &DemoOptions, export: &Export, sock: &Path, queues: usize) -> any
         w.jobs, w.iodepth
     );
     w.pattern = Pattern::Verify;
-    let before = export.device().counters();
+    let before = counters();
     let r = client::run(&w)?;
     println!("  {r}");
-    print_backend("verify", before, export.device().counters());
+    show_backend("verify", before);
     ensure!(
         r.clean() && r.mismatches == 0 && r.verified_bytes > 0,
         "verification failed: {r}"
@@ -239,14 +298,14 @@ fn drive(opts: &DemoOptions, export: &Export, sock: &Path, queues: usize) -> any
     );
     w.pattern = Pattern::RandRead;
     w.runtime = Some(opts.runtime);
-    let before = export.device().counters();
+    let before = counters();
     let r = client::run(&w)?;
     println!("  {r}");
-    print_backend("randread", before, export.device().counters());
+    show_backend("randread", before);
     ensure!(r.clean(), "random reads failed: {r}");
 
     println!("step 4: the device's other requests, and reads past its end");
-    requests::run(sock, queues, written, opts.seed)
+    requests::run(sock, disk.queues, written, opts.seed)
 }
 
 #[cfg(test)]

@@ -120,6 +120,11 @@ struct DemoArgs {
     /// offset and the seed), so that a reader of the disk can check it afterwards.
     #[arg(long, default_value_t = demo::DEFAULT_SEED)]
     seed: u64,
+    /// Serve nothing: drive the backend already serving this vhost-user socket (e.g. an
+    /// `mqblk serve`, confined by its sandbox). Its disk is overwritten; its size and queues are
+    /// the device's, and the backend's counters are not shown.
+    #[arg(long, value_name = "SOCKET", conflicts_with_all = ["size", "queues", "export", "dir"])]
+    connect: Option<PathBuf>,
 }
 
 fn init_logging(level: &str) -> anyhow::Result<()> {
@@ -229,6 +234,7 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         export: args.export,
         block_size: block_size as usize,
         seed: args.seed,
+        connect: args.connect,
     })
 }
 
