@@ -9,7 +9,8 @@
 //! the case's namespace and its built-in libblkio client writes a pattern seeded for the case
 //! over the whole namespace, reads it back, re-reads it, reads at random, then zeroes a range,
 //! discards one, flushes every queue and reads past the end (src/demo/requests.rs). The guest
-//! relays every line of it and powers off. The host then checks:
+//! relays every line of it (and of `mqblk serve`'s, where that serves) and powers off. The
+//! host then checks:
 //!
 //! - the guest's RESULT, and each case's demo output: `demo OK` and every step-4 check;
 //! - each namespace's backing file, byte for byte: the case's pattern where the verify step
@@ -23,8 +24,11 @@
 //!
 //! Cases: both LBA sizes x the three thread mappings (baseline: 1 queue and 1 thread; mq: 2
 //! queues, 1 thread; per-queue: 2 queues, 2 threads), one client job per queue; the per-queue
-//! cases send 128 KiB requests, 4 times the controllers' MDTS, so that they must be split.
-//! Each case's `engine` says how it reaches its namespace ([`Engine`]).
+//! cases send 128 KiB requests, 4 times the controllers' MDTS, so that they must be split. In
+//! those, `mqblk demo --export` serves the namespace itself; in one more case per LBA size
+//! (per-queue, 4 KiB requests), `mqblk serve --sandbox strict` serves it, confined as in
+//! production, and `mqblk demo --connect` drives it ([`Server`]). Each case's `engine` says
+//! how it reaches its namespace ([`Engine`]).
 //!
 //! Needs what `bash .ci/setup` installs: qemu-system-x86_64, busybox-static, cpio, zstd or gzip,
 //! and the guest kernel under target/guest. Without them this test fails (on purpose).
@@ -48,7 +52,7 @@ use support::qemu::{
 };
 
 /// Each namespace's size (and its backing file's).
-const NS_BYTES: u64 = 16 << 20;
+const NS_BYTES: u64 = 8 << 20;
 /// The controllers' Maximum Data Transfer Size: 2^MDTS pages of 4 KiB, 32 KiB per command.
 const MDTS: u32 = 3;
 /// The controllers' memory page size (CAP.MPSMIN, which MDTS counts in).
@@ -107,7 +111,28 @@ impl Engine {
     }
 }
 
-/// One `mqblk demo --export` run in the guest, on a namespace of its own.
+/// Which mqblk process serves a case's namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Server {
+    /// `mqblk demo --export` itself, unconfined (its client shares the process), which also
+    /// prints what the backend counted.
+    Demo,
+    /// `mqblk serve --sandbox strict`, confined as in production (Landlock, seccomp, the io_uring
+    /// opcode allowlist), driven by `mqblk demo --connect`; it must exit 0 on SIGTERM.
+    Serve,
+}
+
+impl Server {
+    /// Its name in the case's parameter (see tests/guest/init-nvme).
+    fn name(self) -> &'static str {
+        match self {
+            Server::Demo => "demo",
+            Server::Serve => "serve",
+        }
+    }
+}
+
+/// One `mqblk demo` run in the guest, on a namespace of its own.
 struct Case {
     name: &'static str,
     /// Index into [`CONTROLLERS`].
@@ -115,6 +140,7 @@ struct Case {
     /// Unique across the controllers: QEMU's flush trace names the namespace by it alone.
     nsid: u32,
     engine: Engine,
+    server: Server,
     queues: u16,
     /// The spec's `threads=`.
     threads: &'static str,
@@ -122,12 +148,13 @@ struct Case {
     block_size: usize,
 }
 
-const CASES: [Case; 6] = [
+const CASES: [Case; 8] = [
     Case {
         name: "lba512-baseline",
         controller: 0,
         nsid: 1,
         engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 1,
         threads: "1",
         block_size: 4096,
@@ -137,6 +164,7 @@ const CASES: [Case; 6] = [
         controller: 0,
         nsid: 2,
         engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 2,
         threads: "1",
         block_size: 4096,
@@ -146,15 +174,27 @@ const CASES: [Case; 6] = [
         controller: 0,
         nsid: 3,
         engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
     },
     Case {
-        name: "lba4k-baseline",
-        controller: 1,
+        name: "lba512-served",
+        controller: 0,
         nsid: 4,
         engine: Engine::Nvme,
+        server: Server::Serve,
+        queues: 2,
+        threads: "per-queue",
+        block_size: 4096,
+    },
+    Case {
+        name: "lba4k-baseline",
+        controller: 1,
+        nsid: 5,
+        engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 1,
         threads: "1",
         block_size: 4096,
@@ -162,8 +202,9 @@ const CASES: [Case; 6] = [
     Case {
         name: "lba4k-mq",
         controller: 1,
-        nsid: 5,
+        nsid: 6,
         engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 2,
         threads: "1",
         block_size: 4096,
@@ -171,11 +212,22 @@ const CASES: [Case; 6] = [
     Case {
         name: "lba4k-per-queue",
         controller: 1,
-        nsid: 6,
+        nsid: 7,
         engine: Engine::Nvme,
+        server: Server::Demo,
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
+    },
+    Case {
+        name: "lba4k-served",
+        controller: 1,
+        nsid: 8,
+        engine: Engine::Nvme,
+        server: Server::Serve,
+        queues: 2,
+        threads: "per-queue",
+        block_size: 4096,
     },
 ];
 
@@ -201,7 +253,7 @@ impl Case {
     /// Its kernel command line parameter (see tests/guest/init-nvme).
     fn param(&self, seed: u64) -> String {
         format!(
-            "mqblk.case={}:{}:{}:{},queues={},threads={}:{}:{}:{seed}",
+            "mqblk.case={}:{}:{}:{},queues={},threads={}:{}:{}:{seed}:{}",
             self.name,
             self.controller().serial,
             self.nsid,
@@ -210,6 +262,7 @@ impl Case {
             self.threads,
             self.block_size,
             self.jobs(),
+            self.server.name(),
         )
     }
 }
@@ -377,6 +430,14 @@ fn check_case(report: &[String], dir: &Path, seed: u64, i: usize) -> Vec<String>
             // Its last line says why (demo's error, or the last step it reached).
             let last = case_output(report, name).last().copied().unwrap_or("");
             failures.push(format!("mqblk demo: {l}; its last line: {}", last.trim()));
+        }
+        Some(l) if case.server == Server::Serve && word_value(l, "serve_rc") != Some(0) => {
+            let prefix = format!("case {name} serve | ");
+            let last = report.iter().rev().find_map(|r| r.strip_prefix(&prefix));
+            failures.push(format!(
+                "mqblk serve must exit 0 on SIGTERM: {l}; its last line: {}",
+                last.unwrap_or("")
+            ));
         }
         Some(_) => {}
     }
@@ -698,8 +759,12 @@ fn demo_report_failures_are_detected() {
 fn guest_parameters_name_each_case_and_engine() {
     let cmdline = kernel_cmdline(7);
     assert!(cmdline.contains(
-        "mqblk.case=lba4k-per-queue:mqblk4k:6:engine=nvme,path=@chr,queues=2,\
-         threads=per-queue:131072:2:12"
+        "mqblk.case=lba4k-per-queue:mqblk4k:7:engine=nvme,path=@chr,queues=2,\
+         threads=per-queue:131072:2:13:demo"
+    ));
+    assert!(cmdline.contains(
+        "mqblk.case=lba512-served:mqblk512:4:engine=nvme,path=@chr,queues=2,\
+         threads=per-queue:4096:2:10:serve"
     ));
     assert!(cmdline.contains("mqblk.error=nvme-on-regular-file:-:-:engine=nvme,path=@file"));
     let uring = Case {
@@ -708,7 +773,8 @@ fn guest_parameters_name_each_case_and_engine() {
     };
     assert_eq!(
         uring.param(1),
-        "mqblk.case=lba512-baseline:mqblk512:1:engine=uring,path=@blk,queues=1,threads=1:4096:1:1"
+        "mqblk.case=lba512-baseline:mqblk512:1:engine=uring,path=@blk,queues=1,threads=1:4096:1:1:\
+         demo"
     );
     // Every case on a namespace of its own, and every drive's id unique.
     for (i, a) in CASES.iter().enumerate() {
