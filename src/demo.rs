@@ -304,7 +304,7 @@ fn drive(
     show_backend("randread", before);
     ensure!(r.clean(), "random reads failed: {r}");
 
-    println!("step 4: the device's other requests, and reads past its end");
+    println!("step 4: the device's other requests, and reads past its end (which mqblk logs, rate-limited, as bad requests)");
     requests::run(sock, disk.queues, written, opts.seed)
 }
 
