@@ -19,8 +19,9 @@
 //! - that the flushes reached the device: QEMU traces each flush command it receives
 //!   (`pci_nvme_flush_ns`, by NSID, unique across the controllers), and each case's namespace
 //!   must have received at least one per queue;
-//! - the error cases: `mqblk serve` with engine=nvme on a block device and on a regular file
-//!   exits by itself, at once, with one line on stderr.
+//! - the error cases: `mqblk serve` with engine=nvme on a block device, on a regular file and
+//!   on a namespace formatted with metadata (QEMU's `ms=8`) exits by itself, at once, with one
+//!   line on stderr that says what to use instead.
 //!
 //! Cases: both LBA sizes x the three thread mappings (baseline: 1 queue and 1 thread; mq: 2
 //! queues, 1 thread; per-queue: 2 queues, 2 threads), one client job per queue; the per-queue
@@ -276,30 +277,45 @@ struct ErrorCase {
     spec: &'static str,
     /// What the line must contain.
     line_contains: &'static [&'static str],
-    /// Whether `line_contains` is checked yet. Until engine=nvme exists (issue 19), the line
-    /// is the config error for an unknown engine; the rest (exit status, time, one line) is
-    /// checked already.
-    line_checked: bool,
+    /// QEMU `nvme-ns` properties of a namespace made for this case alone (at `ns`), if the
+    /// case needs one of its own (a format mqblk refuses).
+    own_namespace: Option<&'static str>,
 }
 
-const ERROR_CASES: [ErrorCase; 2] = [
+const ERROR_CASES: [ErrorCase; 3] = [
     ErrorCase {
         name: "nvme-on-block-device",
         ns: Some((0, 1)),
         spec: "engine=nvme,path=@blk",
         line_contains: &["is a block device", "engine=uring"],
-        line_checked: true,
+        own_namespace: None,
     },
     ErrorCase {
         name: "nvme-on-regular-file",
         ns: None,
         spec: "engine=nvme,path=@file",
         line_contains: &["is not an NVMe namespace's character device"],
-        line_checked: true,
+        own_namespace: None,
+    },
+    // 8 bytes of metadata per 512-byte block (separate buffer: ms=8, mset=0).
+    ErrorCase {
+        name: "nvme-metadata-format",
+        ns: Some((0, 9)),
+        spec: "engine=nvme,path=@chr",
+        line_contains: &["8 bytes of metadata per block", "engine=uring"],
+        own_namespace: Some("ms=8"),
     },
 ];
 
 impl ErrorCase {
+    fn drive_id(&self) -> String {
+        format!("ns-{}", self.name)
+    }
+
+    fn image(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}.img", self.name))
+    }
+
     fn param(&self) -> String {
         let (serial, nsid) = match self.ns {
             Some((c, nsid)) => (CONTROLLERS[c].serial, nsid.to_string()),
@@ -361,6 +377,27 @@ fn nvme_args(dir: &Path) -> Vec<String> {
                  physical_block_size={lba}",
                 case.drive_id(),
                 case.nsid,
+                lba = ctrl.lba
+            ));
+        }
+        for case in &ERROR_CASES {
+            let (Some(props), Some((c, nsid))) = (case.own_namespace, case.ns) else {
+                continue;
+            };
+            if c != i {
+                continue;
+            }
+            args.push("-drive".into());
+            args.push(format!(
+                "file={},if=none,id={},format=raw",
+                case.image(dir).display(),
+                case.drive_id()
+            ));
+            args.push("-device".into());
+            args.push(format!(
+                "nvme-ns,drive={},bus=nvme{i},nsid={nsid},logical_block_size={lba},\
+                 physical_block_size={lba},{props}",
+                case.drive_id(),
                 lba = ctrl.lba
             ));
         }
@@ -532,12 +569,10 @@ fn check_error_cases(report: &[String]) -> Vec<String> {
         if word_value(summary, "lines") != Some(1) || lines.len() != 1 {
             failures.push(format!("{what}: stderr must be exactly one line"));
         }
-        if case.line_checked {
-            let line = lines.first().copied().unwrap_or("");
-            for want in case.line_contains {
-                if !line.contains(want) {
-                    failures.push(format!("{what}: the line must contain {want:?}"));
-                }
+        let line = lines.first().copied().unwrap_or("");
+        for want in case.line_contains {
+            if !line.contains(want) {
+                failures.push(format!("{what}: the line must contain {want:?}"));
             }
         }
     }
@@ -618,6 +653,9 @@ fn mqblk_serves_nvme_namespaces_inside_a_guest() {
         run.dir.path.display()
     );
     for case in &CASES {
+        write_image(&case.image(&run.dir.path), NS_BYTES, None);
+    }
+    for case in ERROR_CASES.iter().filter(|c| c.own_namespace.is_some()) {
         write_image(&case.image(&run.dir.path), NS_BYTES, None);
     }
 
@@ -798,13 +836,15 @@ fn error_case_checks_catch_hangs_chatter_and_wrong_lines() {
         v.extend(lines.iter().map(|l| format!("error {name} | {l}")));
         v
     };
-    let [blk, file] = &ERROR_CASES;
+    let [blk, file, meta] = &ERROR_CASES;
     // The line each case wants: everything it must contain.
     let want = |case: &ErrorCase| format!("mqblk: error: {}", case.line_contains.join(" ... "));
-    let (blk_line, file_line) = (want(blk), want(file));
+    let (blk_line, file_line, meta_line) = (want(blk), want(file), want(meta));
+    let meta_ok = lines_of(meta, 1, 0.2, &[&meta_line]);
     let good = [
         lines_of(blk, 1, 0.3, &[&blk_line]),
         lines_of(file, 1, 0.2, &[&file_line]),
+        meta_ok.clone(),
     ]
     .concat();
     assert_eq!(check_error_cases(&good), Vec::<String>::new());
@@ -812,6 +852,7 @@ fn error_case_checks_catch_hangs_chatter_and_wrong_lines() {
     let hung = [
         lines_of(blk, 137, 20.0, &[]),
         lines_of(file, 1, 0.2, &[&file_line]),
+        meta_ok.clone(),
     ]
     .concat();
     let failures = check_error_cases(&hung);
@@ -829,6 +870,7 @@ fn error_case_checks_catch_hangs_chatter_and_wrong_lines() {
     let chatty = [
         lines_of(blk, 1, 0.3, &[&blk_line, "and more"]),
         lines_of(file, 0, 0.2, &[&file_line]),
+        meta_ok.clone(),
     ]
     .concat();
     assert_eq!(check_error_cases(&chatty).len(), 2);
@@ -836,12 +878,8 @@ fn error_case_checks_catch_hangs_chatter_and_wrong_lines() {
     let wrong = [
         lines_of(blk, 1, 0.3, &[&blk_line]),
         lines_of(file, 1, 0.2, &["mqblk: error: something else"]),
+        meta_ok,
     ]
     .concat();
-    let expected = if file.line_checked {
-        file.line_contains.len()
-    } else {
-        0
-    };
-    assert_eq!(check_error_cases(&wrong).len(), expected);
+    assert_eq!(check_error_cases(&wrong).len(), file.line_contains.len());
 }
