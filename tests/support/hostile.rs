@@ -84,8 +84,11 @@ impl Bystander {
         );
     }
 
-    /// Stops it and asserts that every request succeeded; returns the request count.
+    /// Waits (bounded) until it was served once more, after whatever the test did, then stops
+    /// it and asserts that every request succeeded; returns the request count. (Stopping at
+    /// once could find a client that a loaded machine had not yet served at all.)
     pub fn finish(mut self) -> u64 {
+        self.wait_served_more(1);
         self.stop.store(true, Ordering::Relaxed);
         let (ops, errors) = self
             .thread
