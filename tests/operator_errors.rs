@@ -56,7 +56,7 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ),
         (
             format!("{base},engine=floppy"),
-            vec!["invalid engine=floppy", "uring, null, mem or rbd"],
+            vec!["invalid engine=floppy", "uring, null, mem, rbd or nvme"],
         ),
         (
             format!("socket={},engine=null", sock.display()),
