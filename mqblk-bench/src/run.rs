@@ -85,6 +85,16 @@ pub fn prepare_namespace(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> 
             ng.display()
         )
     })?;
+    reads_only(opts, ng, "")?;
+    let f = File::open(&block).with_context(|| format!("opening {}", block.display()))?;
+    let size =
+        mqblk::engine::blockdev_size(&f).with_context(|| format!("size of {}", block.display()))?;
+    Ok((block, size & !4095))
+}
+
+/// A device is measured as it is: reads only, so that its data survives. Refuses write
+/// workloads on `device`, suggesting `alternative` too.
+fn reads_only(opts: &BenchOptions, device: &Path, alternative: &str) -> anyhow::Result<()> {
     let writes: Vec<&str> = opts
         .workloads
         .iter()
@@ -93,13 +103,11 @@ pub fn prepare_namespace(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> 
         .collect();
     ensure!(
         writes.is_empty(),
-        "--engine nvme: the namespace is only read by the bench; drop the write workloads ({})",
+        "--path {}: a device is only read by the bench; drop the write workloads ({}){alternative}",
+        device.display(),
         writes.join(", ")
     );
-    let f = File::open(&block).with_context(|| format!("opening {}", block.display()))?;
-    let size =
-        mqblk::engine::blockdev_size(&f).with_context(|| format!("size of {}", block.display()))?;
-    Ok((block, size & !4095))
+    Ok(())
 }
 
 /// `/dev/ngXnY` -> `/dev/nvmeXnY`.
@@ -120,20 +128,7 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
     if let Ok(meta) = std::fs::metadata(&path) {
         use std::os::unix::fs::FileTypeExt;
         if meta.file_type().is_block_device() {
-            // A device is measured as it is: reads only, so that its data survives.
-            let writes: Vec<&str> = opts
-                .workloads
-                .iter()
-                .filter(|w| w.pattern.writes())
-                .map(|w| w.name.as_str())
-                .collect();
-            ensure!(
-                writes.is_empty(),
-                "--path {}: a block device is only read by the bench; drop the write workloads \
-                 ({}) or use an image file",
-                path.display(),
-                writes.join(", ")
-            );
+            reads_only(opts, &path, " or use an image file")?;
             let f = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
             let size = mqblk::engine::blockdev_size(&f)
                 .with_context(|| format!("size of {}", path.display()))?;
