@@ -354,6 +354,35 @@ fn kernel_cmdline(seed: u64) -> String {
     line
 }
 
+/// QEMU's arguments for namespace `nsid` of controller `bus` on `image`, with `lba`-byte
+/// blocks and the `nvme-ns` properties `props` (comma-separated, or empty).
+fn push_namespace(
+    args: &mut Vec<String>,
+    bus: usize,
+    image: &Path,
+    drive_id: &str,
+    nsid: u32,
+    lba: u32,
+    props: &str,
+) {
+    // discard=unmap: a deallocation punches a hole in the file, as on a real device.
+    args.push("-drive".into());
+    args.push(format!(
+        "file={},if=none,id={drive_id},format=raw,discard=unmap",
+        image.display()
+    ));
+    args.push("-device".into());
+    let mut ns = format!(
+        "nvme-ns,drive={drive_id},bus=nvme{bus},nsid={nsid},logical_block_size={lba},\
+         physical_block_size={lba}"
+    );
+    if !props.is_empty() {
+        ns.push(',');
+        ns.push_str(props);
+    }
+    args.push(ns);
+}
+
 /// QEMU's arguments for the controllers and one namespace per case, each on its image.
 fn nvme_args(dir: &Path) -> Vec<String> {
     let mut args = Vec::new();
@@ -364,42 +393,17 @@ fn nvme_args(dir: &Path) -> Vec<String> {
             ctrl.serial
         ));
         for case in CASES.iter().filter(|c| c.controller == i) {
-            // discard=unmap: a deallocation punches a hole in the file, as on a real device.
-            args.push("-drive".into());
-            args.push(format!(
-                "file={},if=none,id={},format=raw,discard=unmap",
-                case.image(dir).display(),
-                case.drive_id()
-            ));
-            args.push("-device".into());
-            args.push(format!(
-                "nvme-ns,drive={},bus=nvme{i},nsid={},logical_block_size={lba},\
-                 physical_block_size={lba}",
-                case.drive_id(),
-                case.nsid,
-                lba = ctrl.lba
-            ));
+            let (image, id) = (case.image(dir), case.drive_id());
+            push_namespace(&mut args, i, &image, &id, case.nsid, ctrl.lba, "");
         }
         for case in &ERROR_CASES {
             let (Some(props), Some((c, nsid))) = (case.own_namespace, case.ns) else {
                 continue;
             };
-            if c != i {
-                continue;
+            if c == i {
+                let (image, id) = (case.image(dir), case.drive_id());
+                push_namespace(&mut args, i, &image, &id, nsid, ctrl.lba, props);
             }
-            args.push("-drive".into());
-            args.push(format!(
-                "file={},if=none,id={},format=raw",
-                case.image(dir).display(),
-                case.drive_id()
-            ));
-            args.push("-device".into());
-            args.push(format!(
-                "nvme-ns,drive={},bus=nvme{i},nsid={nsid},logical_block_size={lba},\
-                 physical_block_size={lba},{props}",
-                case.drive_id(),
-                lba = ctrl.lba
-            ));
         }
     }
     args
