@@ -20,6 +20,8 @@ pub enum Backend {
     Qsd,
     /// fio with io_uring straight on the file: no vhost-user at all.
     Native,
+    /// SPDK's vhost target (`scripts/spdk-build.sh`), one polling reactor.
+    Spdk,
 }
 
 impl Backend {
@@ -29,6 +31,7 @@ impl Backend {
             Backend::Mqblk => "mqblk",
             Backend::Qsd => "qsd",
             Backend::Native => "native",
+            Backend::Spdk => "spdk",
         }
     }
 }
@@ -40,7 +43,10 @@ impl FromStr for Backend {
             "mqblk" => Ok(Backend::Mqblk),
             "qsd" => Ok(Backend::Qsd),
             "native" | "fio" => Ok(Backend::Native),
-            _ => Err(format!("unknown backend {s:?}: use mqblk, qsd or native")),
+            "spdk" => Ok(Backend::Spdk),
+            _ => Err(format!(
+                "unknown backend {s:?}: use mqblk, qsd, spdk or native"
+            )),
         }
     }
 }
@@ -179,8 +185,8 @@ impl BenchOptions {
                                     }
                                 }
                             }
-                            Backend::Qsd => {
-                                for m in qsd_modes(&self.modes) {
+                            Backend::Qsd | Backend::Spdk => {
+                                for m in single_thread_modes(&self.modes) {
                                     push(Some(m), 0);
                                 }
                             }
@@ -218,9 +224,10 @@ impl BenchOptions {
     }
 }
 
-/// The mappings QSD can express from those asked for: baseline (1 queue) and mq (one queue
-/// per job, all served by one AioContext). per-queue has no QSD equivalent: it maps to mq.
-pub fn qsd_modes(modes: &[Mode]) -> Vec<Mode> {
+/// The mappings a backend with one serving thread (QSD's AioContext, SPDK's single reactor)
+/// can express from those asked for: baseline (1 queue) and mq (one queue per job, all served
+/// by that thread). per-queue has no equivalent there: it maps to mq.
+pub fn single_thread_modes(modes: &[Mode]) -> Vec<Mode> {
     let mut out = Vec::new();
     if modes.contains(&Mode::Baseline) {
         out.push(Mode::Baseline);
@@ -314,8 +321,11 @@ mod tests {
         assert!(p[4..8].iter().all(|x| x.jobs == 2 && x.workload == 0));
         assert_eq!(p[5].queues(), 2);
         assert_eq!(p[4].queues(), 1);
-        assert_eq!(qsd_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
-        assert_eq!(qsd_modes(&[Mode::Mq, Mode::PerQueue]), vec![Mode::Mq]);
+        assert_eq!(single_thread_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
+        assert_eq!(
+            single_thread_modes(&[Mode::Mq, Mode::PerQueue]),
+            vec![Mode::Mq]
+        );
 
         let o =
             test_options("--mode per-queue --mqblk-opts poll=off --mqblk-opts= --jobs 1").unwrap();

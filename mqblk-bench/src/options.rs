@@ -9,12 +9,14 @@ use serde::Serialize;
 
 use crate::grid::{Backend, Mode, WorkloadSpec};
 use crate::rbd;
+use crate::spdk::{SpdkBuild, SPDK_DIR_ENV};
 
 /// `mqblk bench` command-line arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Backends, comma-separated: mqblk, qsd (qemu-storage-daemon), native (fio with io_uring
-    /// directly on --path; uring engine only).
+    /// Backends, comma-separated: mqblk, qsd (qemu-storage-daemon), spdk (SPDK's vhost target,
+    /// see --spdk-dir; a null bdev for the null engine, an aio bdev on the image for the uring
+    /// engine), native (fio with io_uring directly on --path; uring engine only).
     #[arg(long, default_value = "mqblk")]
     pub backend: String,
     /// mqblk thread mappings, comma-separated: baseline (1 queue, 1 thread), mq (one queue per
@@ -92,6 +94,10 @@ pub struct BenchArgs {
     /// qemu-storage-daemon binary.
     #[arg(long, default_value = "qemu-storage-daemon", value_name = "BIN")]
     pub qsd_bin: PathBuf,
+    /// SPDK build for --backend spdk, as `scripts/spdk-build.sh SPDK_SRC DIR` makes it (DIR/bin/vhost,
+    /// DIR/scripts/rpc.py). Default: $MQBLK_SPDK_DIR.
+    #[arg(long, value_name = "DIR")]
+    pub spdk_dir: Option<PathBuf>,
     /// fio binary (for --backend native).
     #[arg(long, default_value = "fio", value_name = "BIN")]
     pub fio_bin: PathBuf,
@@ -215,6 +221,8 @@ pub struct BenchOptions {
     pub qsd_iothread: bool,
     /// qemu-storage-daemon binary.
     pub qsd_bin: PathBuf,
+    /// SPDK's build (with --backend spdk).
+    pub spdk: Option<SpdkBuild>,
     /// fio binary.
     pub fio_bin: PathBuf,
     /// mqblk binary.
@@ -282,6 +290,30 @@ impl BenchOptions {
             }
             (_, Some(_)) => return Err("--rbd is for --engine rbd".into()),
             (_, None) => None,
+        };
+        let spdk = if backends.contains(&Backend::Spdk) {
+            if !matches!(engine, EngineKind::Null | EngineKind::Uring) {
+                return Err(format!(
+                    "--backend spdk serves a null bdev (--engine null) or an aio bdev on a file \
+                     (--engine uring), not --engine {}",
+                    engine.name()
+                ));
+            }
+            if engine == EngineKind::Null && size % (1 << 20) != 0 {
+                return Err(format!(
+                    "--size {}: --backend spdk's null bdev takes a whole number of MiB",
+                    a.size
+                ));
+            }
+            let dir = a
+                .spdk_dir
+                .clone()
+                .or_else(|| std::env::var_os(SPDK_DIR_ENV).map(PathBuf::from));
+            Some(SpdkBuild::find(dir.as_deref())?)
+        } else if a.spdk_dir.is_some() {
+            return Err("--spdk-dir without --backend spdk".into());
+        } else {
+            None
         };
         if !backends.contains(&Backend::Qsd) && a.qsd_iothread {
             return Err("--qsd-iothread without --backend qsd".into());
@@ -351,6 +383,7 @@ impl BenchOptions {
             client_poll: a.client_poll,
             qsd_iothread: a.qsd_iothread,
             qsd_bin: a.qsd_bin.clone(),
+            spdk,
             fio_bin: a.fio_bin.clone(),
             mqblk_bin,
         })
@@ -426,5 +459,32 @@ mod tests {
             o.rbd.as_ref().map(|r| r.spec()).as_deref(),
             Some("rbd/bench")
         );
+    }
+
+    #[test]
+    fn spdk_needs_its_build_and_an_engine_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["bin/vhost", "scripts/rpc.py"] {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        let d = dir.path().display();
+        let o = test_options(&format!("--backend mqblk,spdk --spdk-dir {d} --jobs 2")).unwrap();
+        assert_eq!(o.spdk.as_ref().unwrap().vhost, dir.path().join("bin/vhost"));
+        let labels: Vec<String> = o.points().iter().map(|p| o.label(p)).collect();
+        assert!(labels.contains(&"spdk baseline".to_string()), "{labels:?}");
+        assert!(labels.contains(&"spdk mq".to_string()), "{labels:?}");
+        let e = test_options(&format!("--backend spdk --spdk-dir {d}/none")).unwrap_err();
+        assert!(e.contains("scripts/spdk-build.sh"), "{e}");
+        let e = test_options(&format!(
+            "--backend spdk --spdk-dir {d} --engine rbd --rbd r/i"
+        ))
+        .unwrap_err();
+        assert!(e.contains("not --engine rbd"), "{e}");
+        let e = test_options(&format!("--backend spdk --spdk-dir {d} --size 1500K")).unwrap_err();
+        assert!(e.contains("MiB"), "{e}");
+        let e = test_options(&format!("--spdk-dir {d}")).unwrap_err();
+        assert!(e.contains("without --backend spdk"), "{e}");
     }
 }

@@ -1,0 +1,225 @@
+//! `--backend spdk`: SPDK's `vhost` target, built by `scripts/spdk-build.sh` (SPDK has no
+//! Debian package), serving a null bdev (`--engine null`) or an aio bdev on the image
+//! (`--engine uring`; the build leaves SPDK's io_uring bdev out) as a vhost-user-blk
+//! controller. Here: where the build is ([`SpdkBuild`]), the target's command line and the RPC
+//! calls that create the bdev and the controller, as pure functions the tests check; `run/`
+//! starts the process and makes the calls.
+//!
+//! The target runs without hugepages or vfio (`--no-huge -u`), on one reactor pinned to CPU 0
+//! (`-m 0x1`) that busy-polls: its CPU time from /proc is a whole core for the length of a
+//! point whatever the load, which the report shows as it is.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::EngineKind;
+
+/// The environment variable `--spdk-dir` defaults to.
+pub const SPDK_DIR_ENV: &str = "MQBLK_SPDK_DIR";
+
+/// Memory (MiB) the target allocates for its buffers: without hugepages it is ordinary
+/// anonymous memory, touched only as used.
+const MEMORY_MIB: u64 = 1024;
+
+/// The bdev's logical block size: 512, as mqblk's and QSD's exports have, so that every
+/// workload the bench accepts (multiples of 512 bytes) runs on all three.
+const BLOCK_SIZE: u64 = 512;
+
+/// The name of the bdev the controller serves.
+const BDEV: &str = "bench0";
+
+/// A build made by `scripts/spdk-build.sh SRC DIR`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SpdkBuild {
+    /// DIR/bin/vhost.
+    pub vhost: PathBuf,
+    /// DIR/scripts/rpc.py (it imports its package from DIR/python).
+    pub rpc_py: PathBuf,
+}
+
+impl SpdkBuild {
+    /// The build in `dir` (`--spdk-dir`, else `$MQBLK_SPDK_DIR`); the error is the one line
+    /// `--backend spdk` is refused with.
+    pub fn find(dir: Option<&Path>) -> Result<SpdkBuild, String> {
+        let how = "build SPDK's vhost target with `scripts/spdk-build.sh SPDK_SRC DIR` and pass \
+                   --spdk-dir DIR (or set MQBLK_SPDK_DIR)";
+        let dir = dir.ok_or_else(|| format!("--backend spdk needs an SPDK build: {how}"))?;
+        let build = SpdkBuild {
+            vhost: dir.join("bin/vhost"),
+            rpc_py: dir.join("scripts/rpc.py"),
+        };
+        for f in [&build.vhost, &build.rpc_py] {
+            if !f.is_file() {
+                return Err(format!(
+                    "--spdk-dir {}: no {}; {how}",
+                    dir.display(),
+                    f.display()
+                ));
+            }
+        }
+        Ok(build)
+    }
+
+    /// The target's command line: vhost-user sockets in `sock_dir`, RPC on `rpc_sock`. Without
+    /// the core lock files SPDK otherwise keeps in /var/tmp: they make a second target (another
+    /// test, another bench) fail to start on CPU 0 ("Cannot create lock on core 0, probably
+    /// process N has claimed it") and outlive a target that is killed.
+    pub fn vhost_argv(&self, sock_dir: &Path, rpc_sock: &Path) -> Vec<OsString> {
+        let mem = MEMORY_MIB.to_string();
+        let flags = [
+            "-m",
+            "0x1",
+            "--no-huge",
+            "-s",
+            &mem,
+            "-u",
+            "--disable-cpumask-locks",
+        ];
+        let mut argv: Vec<OsString> = vec![self.vhost.clone().into()];
+        argv.extend(flags.iter().map(OsString::from));
+        argv.extend(["-S".into(), sock_dir.into(), "-r".into(), rpc_sock.into()]);
+        argv
+    }
+
+    /// `rpc.py`'s command line for one call (`call` as [`rpc_calls`] gives it).
+    pub fn rpc_argv(&self, rpc_sock: &Path, call: &[String]) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = vec![
+            "python3".into(),
+            self.rpc_py.clone().into(),
+            "-s".into(),
+            rpc_sock.into(),
+        ];
+        argv.extend(call.iter().map(OsString::from));
+        argv
+    }
+}
+
+/// The RPC calls, in order, that make the target serve the controller `ctrlr` (its socket is
+/// the target's socket directory joined with `ctrlr`): a null bdev of `size` bytes (a whole
+/// number of MiB, which `bdev_null_create` takes) for the null engine, an aio bdev on `image`
+/// (O_DIRECT, as the other backends open it) for the uring engine; then the controller, on the
+/// target's one reactor.
+pub fn rpc_calls(
+    engine: EngineKind,
+    size: u64,
+    image: Option<&Path>,
+    ctrlr: &str,
+) -> Vec<Vec<String>> {
+    let bdev = match (engine, image) {
+        (EngineKind::Uring, Some(img)) => vec![
+            "bdev_aio_create".into(),
+            img.display().to_string(),
+            BDEV.into(),
+            BLOCK_SIZE.to_string(),
+        ],
+        _ => vec![
+            "bdev_null_create".into(),
+            BDEV.into(),
+            (size >> 20).to_string(),
+            BLOCK_SIZE.to_string(),
+        ],
+    };
+    let controller = vec![
+        "vhost_create_blk_controller".into(),
+        "--cpumask".into(),
+        "0x1".into(),
+        ctrlr.into(),
+        BDEV.into(),
+    ];
+    vec![bdev, controller]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[OsString]) -> Vec<String> {
+        v.iter().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    #[test]
+    fn the_target_runs_without_hugepages_on_one_reactor() {
+        let b = SpdkBuild {
+            vhost: "/spdk/bin/vhost".into(),
+            rpc_py: "/spdk/scripts/rpc.py".into(),
+        };
+        assert_eq!(
+            strings(&b.vhost_argv(Path::new("/run/b"), Path::new("/run/b/s1.rpc"))),
+            [
+                "/spdk/bin/vhost",
+                "-m",
+                "0x1",
+                "--no-huge",
+                "-s",
+                "1024",
+                "-u",
+                "--disable-cpumask-locks",
+                "-S",
+                "/run/b",
+                "-r",
+                "/run/b/s1.rpc"
+            ]
+        );
+        let call = rpc_calls(EngineKind::Null, 1 << 30, None, "s1.sock");
+        assert_eq!(
+            call,
+            [
+                vec!["bdev_null_create", "bench0", "1024", "512"],
+                vec![
+                    "vhost_create_blk_controller",
+                    "--cpumask",
+                    "0x1",
+                    "s1.sock",
+                    "bench0"
+                ]
+            ]
+        );
+        assert_eq!(
+            strings(&b.rpc_argv(Path::new("/r.rpc"), &call[0])),
+            [
+                "python3",
+                "/spdk/scripts/rpc.py",
+                "-s",
+                "/r.rpc",
+                "bdev_null_create",
+                "bench0",
+                "1024",
+                "512"
+            ]
+        );
+        let call = rpc_calls(
+            EngineKind::Uring,
+            1 << 30,
+            Some(Path::new("/img/disk.img")),
+            "s2.sock",
+        );
+        assert_eq!(
+            call[0],
+            ["bdev_aio_create", "/img/disk.img", "bench0", "512"]
+        );
+        assert_eq!(call[1][3], "s2.sock");
+    }
+
+    #[test]
+    fn a_missing_build_is_refused_with_how_to_make_one() {
+        let e = SpdkBuild::find(None).unwrap_err();
+        assert!(
+            e.contains("scripts/spdk-build.sh") && !e.contains('\n'),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let e = SpdkBuild::find(Some(dir.path())).unwrap_err();
+        assert!(
+            e.contains("bin/vhost") && e.contains("scripts/spdk-build.sh"),
+            "{e}"
+        );
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::create_dir_all(dir.path().join("scripts")).unwrap();
+        std::fs::write(dir.path().join("bin/vhost"), "").unwrap();
+        std::fs::write(dir.path().join("scripts/rpc.py"), "").unwrap();
+        let b = SpdkBuild::find(Some(dir.path())).unwrap();
+        assert_eq!(b.vhost, dir.path().join("bin/vhost"));
+    }
+}
