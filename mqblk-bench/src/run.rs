@@ -316,6 +316,9 @@ impl<'a> RunEnv<'a> {
                 log_path.display()
             )
         })?;
+        if p.backend == Backend::Spdk {
+            self.wait_for_spdk_sessions(&sock, &rpc_sock)?;
+        }
         let status = backend.stop()?;
         if p.backend == Backend::Mqblk {
             ensure!(

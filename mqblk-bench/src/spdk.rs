@@ -2,15 +2,23 @@
 //! Debian package), serving a null bdev (`--engine null`) or an aio bdev on the image
 //! (`--engine uring`; the build leaves SPDK's io_uring bdev out) as a vhost-user-blk
 //! controller. Here: where the build is ([`SpdkBuild`]), the target's command line and the RPC
-//! calls that create the bdev and the controller, as pure functions the tests check; `run/`
-//! starts the process and makes the calls.
+//! calls that create the bdev and the controller, as pure functions the tests check; running
+//! `rpc.py` and waiting for the target's frontends to be gone before it is stopped. `run/`
+//! starts the process and makes the setup calls.
 //!
 //! The target runs without hugepages or vfio (`--no-huge -u`), on one reactor pinned to CPU 0
 //! (`-m 0x1`) that busy-polls: its CPU time from /proc is a whole core for the length of a
 //! point whatever the load, which the report shows as it is.
+//!
+//! SIGTERM must wait until the target has finished with the last frontend: SPDK v26.05 stops a
+//! disconnected frontend's session on its reactor while DPDK's vhost thread waits, and a
+//! SIGTERM in that window leaves it hung ("Timeout waiting for event: stop session", then no
+//! exit; seen in about one run in three here). [`SpdkBuild::wait_for_no_sessions`] is that wait.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -94,6 +102,70 @@ impl SpdkBuild {
         argv.extend(call.iter().map(OsString::from));
         argv
     }
+}
+
+impl SpdkBuild {
+    /// Runs one RPC call (`call` as [`rpc_calls`] or [`sessions_call`] give it); its output.
+    pub fn rpc(&self, rpc_sock: &Path, call: &[String]) -> Result<String, String> {
+        let argv = self.rpc_argv(rpc_sock, call);
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running {}: {e}", self.rpc_py.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "rpc.py {}: {}: {}",
+                call.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Waits up to `timeout` until the controller `ctrlr` has no session left (see the module's
+    /// note on SIGTERM).
+    pub fn wait_for_no_sessions(
+        &self,
+        rpc_sock: &Path,
+        ctrlr: &str,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = session_count(&self.rpc(rpc_sock, &sessions_call(ctrlr))?)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "SPDK's controller {ctrlr} still has {n} session(s) {timeout:?} after the \
+                     client disconnected"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The RPC call that lists the controller `ctrlr` with its sessions (connected frontends).
+pub fn sessions_call(ctrlr: &str) -> Vec<String> {
+    vec!["vhost_get_controllers".into(), "-n".into(), ctrlr.into()]
+}
+
+/// The number of sessions in `vhost_get_controllers`'s answer, over all its controllers.
+pub fn session_count(answer: &str) -> Result<usize, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(answer).map_err(|e| format!("vhost_get_controllers's answer: {e}"))?;
+    let ctrlrs = v
+        .as_array()
+        .ok_or("vhost_get_controllers's answer is not a list")?;
+    ctrlrs
+        .iter()
+        .map(|c| c["sessions"].as_array().map(Vec::len))
+        .sum::<Option<usize>>()
+        .ok_or_else(|| "a controller without \"sessions\" in vhost_get_controllers's answer".into())
 }
 
 /// The RPC calls, in order, that make the target serve the controller `ctrlr` (its socket is
@@ -200,6 +272,22 @@ mod tests {
             ["bdev_aio_create", "/img/disk.img", "bench0", "512"]
         );
         assert_eq!(call[1][3], "s2.sock");
+    }
+
+    #[test]
+    fn sessions_are_counted_from_vhost_get_controllers() {
+        assert_eq!(
+            sessions_call("s1.sock"),
+            ["vhost_get_controllers", "-n", "s1.sock"]
+        );
+        let idle = r#"[{"ctrlr": "s1.sock", "cpumask": "0x1", "sessions": [],
+            "backend_specific": {"block": {"bdev": "bench0"}}}]"#;
+        assert_eq!(session_count(idle), Ok(0));
+        let busy = r#"[{"ctrlr": "s1.sock", "sessions": [{"vid": 0, "id": 0,
+            "name": "s1.socks0", "started": true, "max_queues": 2, "inflight_task_cnt": 0}]}]"#;
+        assert_eq!(session_count(busy), Ok(1));
+        assert!(session_count("[{}]").is_err());
+        assert!(session_count("Null0").is_err());
     }
 
     #[test]

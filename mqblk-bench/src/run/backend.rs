@@ -189,6 +189,24 @@ impl RunEnv<'_> {
     }
 }
 
+impl RunEnv<'_> {
+    /// Waits until SPDK's target has finished with the client that was on `sock`: a SIGTERM
+    /// before that can leave it hung (see `spdk.rs`).
+    pub(super) fn wait_for_spdk_sessions(
+        &self,
+        sock: &Path,
+        rpc_sock: &Path,
+    ) -> anyhow::Result<()> {
+        let ctrlr = sock
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("the run names its sockets in ASCII");
+        self.spdk_build()
+            .wait_for_no_sessions(rpc_sock, ctrlr, STOP_TIMEOUT)
+            .map_err(anyhow::Error::msg)
+    }
+}
+
 /// A backend process that is killed if not stopped (on an error path).
 pub(super) struct BackendProcess {
     pub(super) child: Child,
