@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use mqblk_client::Driver;
+
 use crate::grid::{Backend, Mode, WorkloadSpec};
 use crate::rbd;
 use crate::spdk::{SpdkBuild, SPDK_DIR_ENV};
@@ -82,8 +84,14 @@ pub struct BenchArgs {
     /// with `--sandbox` set so (what confinement costs).
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
-    /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on
-    /// interrupts (eventfds).
+    /// Clients, comma-separated: libblkio (its virtio-blk-vhost-user driver, as fio's libblkio
+    /// engine uses it) and/or frontend (mqblk's own vhost-user frontend, which shares memory
+    /// with SET_MEM_TABLE). Each is a series of its own for mqblk and qsd; spdk is always
+    /// driven by the frontend (libblkio requires CONFIGURE_MEM_SLOTS, which SPDK lacks).
+    #[arg(long, default_value = "libblkio")]
+    pub client: String,
+    /// Client: busy-poll completions (libblkio's poll queues; the frontend's polled used rings)
+    /// instead of waiting on interrupts (eventfds).
     #[arg(long)]
     pub client_poll: bool,
     /// Run QSD's export in a dedicated IOThread (`--object iothread` + `iothread=`) instead of
@@ -215,6 +223,9 @@ pub struct BenchOptions {
     pub out: PathBuf,
     /// mqblk export-key variants (at least one; "" is the defaults).
     pub mqblk_opts: Vec<String>,
+    /// The clients (vhost-user frontends) that drive mqblk and qsd.
+    #[serde(serialize_with = "ser_drivers")]
+    pub clients: Vec<Driver>,
     /// Client poll queues.
     pub client_poll: bool,
     /// QSD export in an IOThread.
@@ -227,6 +238,25 @@ pub struct BenchOptions {
     pub fio_bin: PathBuf,
     /// mqblk binary.
     pub mqblk_bin: PathBuf,
+}
+
+fn ser_drivers<S: serde::Serializer>(d: &[Driver], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(d.iter().map(|d| d.name()))
+}
+
+/// `--client`'s list.
+fn parse_clients(s: &str) -> Result<Vec<Driver>, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let d: Driver = item.parse().map_err(|e| format!("--client: {e}"))?;
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    if out.is_empty() {
+        return Err("--client: the list is empty".into());
+    }
+    Ok(out)
 }
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -243,6 +273,7 @@ impl BenchOptions {
     pub fn from_args(a: &BenchArgs) -> Result<BenchOptions, String> {
         let backends: Vec<Backend> = parse_list("backend", &a.backend)?;
         let modes: Vec<Mode> = parse_list("mode", &a.mode)?;
+        let clients = parse_clients(&a.client)?;
         let engine: EngineKind = a.engine.parse().map_err(|e| format!("--engine: {e}"))?;
         let workloads: Vec<WorkloadSpec> = parse_list("workloads", &a.workloads)?;
         let jobs = parse_counts("jobs", &a.jobs, 64)?;
@@ -380,6 +411,7 @@ impl BenchOptions {
             repeat: a.repeat,
             out: a.out.clone(),
             mqblk_opts,
+            clients,
             client_poll: a.client_poll,
             qsd_iothread: a.qsd_iothread,
             qsd_bin: a.qsd_bin.clone(),

@@ -299,6 +299,7 @@ impl<'a> RunEnv<'a> {
         })?;
 
         let mut wl = Workload::new(&sock);
+        wl.driver = p.client;
         wl.num_queues = p.queues();
         wl.jobs = p.jobs;
         wl.iodepth = p.iodepth;
@@ -317,7 +318,7 @@ impl<'a> RunEnv<'a> {
             )
         })?;
         if p.backend == Backend::Spdk {
-            self.wait_for_spdk_sessions(&sock, &rpc_sock)?;
+            self.prepare_spdk_stop(&sock, &rpc_sock)?;
         }
         let status = backend.stop()?;
         if p.backend == Backend::Mqblk {

@@ -154,7 +154,9 @@ impl RunEnv<'_> {
             .expect("sockets are made in the run's directory");
         let argv = self.spdk_build().vhost_argv(dir, rpc_sock);
         let mut cmd = Command::new(&argv[0]);
-        cmd.args(&argv[1..]);
+        // In the run's temporary directory, so that a crash's core file is not left in the
+        // user's.
+        cmd.args(&argv[1..]).current_dir(dir);
         cmd
     }
 
@@ -187,22 +189,16 @@ impl RunEnv<'_> {
         }
         Ok(())
     }
-}
 
-impl RunEnv<'_> {
-    /// Waits until SPDK's target has finished with the client that was on `sock`: a SIGTERM
-    /// before that can leave it hung (see `spdk.rs`).
-    pub(super) fn wait_for_spdk_sessions(
-        &self,
-        sock: &Path,
-        rpc_sock: &Path,
-    ) -> anyhow::Result<()> {
+    /// Makes SPDK's target ready for SIGTERM once the client on `sock` is gone: without this
+    /// it can hang or crash at exit (see `spdk.rs`).
+    pub(super) fn prepare_spdk_stop(&self, sock: &Path, rpc_sock: &Path) -> anyhow::Result<()> {
         let ctrlr = sock
             .file_name()
             .and_then(|n| n.to_str())
             .expect("the run names its sockets in ASCII");
         self.spdk_build()
-            .wait_for_no_sessions(rpc_sock, ctrlr, STOP_TIMEOUT)
+            .prepare_stop(rpc_sock, ctrlr, STOP_TIMEOUT)
             .map_err(anyhow::Error::msg)
     }
 }

@@ -10,10 +10,11 @@
 //!
 //! What it does as libblkio does, so that the two measure the same thing: 3 descriptors per
 //! request (header, data, status) and no indirect descriptors; requests queued by the runner
-//! are made visible and kicked once per wait (libblkio's `do_io`); the kick is skipped while the
-//! device sets VRING_USED_F_NO_NOTIFY; completions wait on the call eventfd or, for poll
-//! queues, busy-poll the used ring with VRING_AVAIL_F_NO_INTERRUPT set. What it does not:
-//! VIRTIO_RING_F_EVENT_IDX (libblkio negotiates it where offered), packed rings.
+//! are made visible and kicked once per wait (libblkio's `do_io`); VIRTIO_RING_F_EVENT_IDX where
+//! the device offers it (kicks only where the device's avail_event asks, interrupts asked for
+//! with used_event only before sleeping), else the ring flags (no kick under
+//! VRING_USED_F_NO_NOTIFY); completions wait on the call eventfd or, for poll queues,
+//! busy-poll the used ring with interrupts suppressed. What it does not: packed rings.
 
 pub(crate) mod vring;
 
@@ -35,16 +36,20 @@ const VIRTIO_BLK_F_RO: u64 = 1 << 5;
 const VIRTIO_BLK_F_BLK_SIZE: u64 = 1 << 6;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 const VIRTIO_BLK_F_MQ: u64 = 1 << 12;
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 
-/// The device features acked when offered: only those that describe the device (read-only,
-/// block size, limits, queues); none changes how requests are laid out.
+/// The device features acked when offered: those that describe the device (read-only, block
+/// size, limits, queues), none of which changes how requests are laid out, and EVENT_IDX,
+/// which libblkio acks too (without it both sides notify each other far more often: the
+/// frontend measured 17-25% fewer IOPS than libblkio on QSD).
 const ACKED_IF_OFFERED: u64 = VIRTIO_BLK_F_SEG_MAX
     | VIRTIO_BLK_F_RO
     | VIRTIO_BLK_F_BLK_SIZE
     | VIRTIO_BLK_F_FLUSH
-    | VIRTIO_BLK_F_MQ;
+    | VIRTIO_BLK_F_MQ
+    | VIRTIO_RING_F_EVENT_IDX;
 
 /// The part of virtio-blk's config space read: capacity (8 bytes) up to and including
 /// `num_queues`, 60 bytes as QEMU asks for it.
@@ -159,10 +164,10 @@ impl FrontendConnection {
             "{num_queues} queues requested, the device offers {max_queues}"
         );
         fe.set_owner().context("SET_OWNER")?;
-        fe.set_features(
-            VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES | (offered & ACKED_IF_OFFERED),
-        )
-        .context("SET_FEATURES")?;
+        let acked =
+            VIRTIO_F_VERSION_1 | VHOST_USER_F_PROTOCOL_FEATURES | (offered & ACKED_IF_OFFERED);
+        fe.set_features(acked).context("SET_FEATURES")?;
+        let event_idx = acked & VIRTIO_RING_F_EVENT_IDX != 0;
         let read_only = offered & VIRTIO_BLK_F_RO != 0;
         if writes && read_only {
             bail!(
@@ -198,7 +203,8 @@ impl FrontendConnection {
         for q in 0..num_queues {
             // SAFETY: `q * layout.bytes()` up to the data area lies inside `mem`, and no other
             // queue uses it.
-            let ring = unsafe { SplitQueue::new(mem.base, q * layout.bytes(), layout, poll)? };
+            let ring =
+                unsafe { SplitQueue::new(mem.base, q * layout.bytes(), layout, poll, event_idx)? };
             let addrs = VringConfigData {
                 queue_max_size: queue_size,
                 queue_size,

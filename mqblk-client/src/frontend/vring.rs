@@ -83,6 +83,9 @@ pub(crate) struct SplitQueue {
     kick: EventFd,
     call: EventFd,
     poll: bool,
+    /// VIRTIO_RING_F_EVENT_IDX was negotiated: notifications are asked for with the
+    /// avail_event and used_event fields, and the ring flags mean nothing.
+    event_idx: bool,
     /// The avail index as queued (the device sees `published`).
     next_avail: u16,
     published: u16,
@@ -95,7 +98,8 @@ unsafe impl Send for SplitQueue {}
 
 impl SplitQueue {
     /// The queue at `start` in the guest memory at `mem`, zeroed, with new eventfds; with
-    /// `poll`, it asks the device for no interrupts.
+    /// `poll`, it asks the device for no interrupts (by the flag; under `event_idx`, used_event
+    /// stays at 0 and so asks for one interrupt every 65536 completions, which no one reads).
     ///
     /// # Safety
     /// `mem + start .. mem + start + layout.bytes()` must be mapped, outlive the queue, and be
@@ -105,6 +109,7 @@ impl SplitQueue {
         start: usize,
         layout: RingLayout,
         poll: bool,
+        event_idx: bool,
     ) -> anyhow::Result<Self> {
         std::ptr::write_bytes(mem.add(start), 0, layout.bytes());
         let q = SplitQueue {
@@ -114,11 +119,12 @@ impl SplitQueue {
             kick: queue_eventfd()?,
             call: queue_eventfd()?,
             poll,
+            event_idx,
             next_avail: 0,
             published: 0,
             last_used: 0,
         };
-        if poll {
+        if poll && !event_idx {
             q.write::<u16>(q.layout.avail, VRING_AVAIL_F_NO_INTERRUPT.to_le());
         }
         Ok(q)
@@ -206,13 +212,31 @@ impl SplitQueue {
         // The descriptors and ring entries before the index that exposes them.
         fence(Ordering::Release);
         self.write(self.layout.avail + 2, self.next_avail.to_le());
-        self.published = self.next_avail;
-        // The index before reading the device's flag: a device that clears NO_NOTIFY and then
-        // looks at the index again sees ours, or we see its flag cleared.
+        let (old, new) = (self.published, self.next_avail);
+        self.published = new;
+        // The index before reading what the device asked for: a device that asks for kicks
+        // and then looks at the index again sees ours, or we see its request.
         fence(Ordering::SeqCst);
-        if u16::from_le(self.read(self.layout.used)) & VRING_USED_F_NO_NOTIFY == 0 {
+        let kick = if self.event_idx {
+            // avail_event, after the used ring's entries.
+            let at = self.layout.used + 4 + 8 * self.layout.size as usize;
+            need_event(u16::from_le(self.read(at)), new, old)
+        } else {
+            u16::from_le(self.read(self.layout.used)) & VRING_USED_F_NO_NOTIFY == 0
+        };
+        if kick {
             let _ = self.kick.write(1);
         }
+    }
+
+    /// Under EVENT_IDX, asks for an interrupt at the next completion (used_event, after the
+    /// avail ring's entries, set to the next used index to be seen).
+    fn ask_for_interrupt(&self) {
+        let at = self.layout.avail + 4 + 2 * self.layout.size as usize;
+        self.write(at, self.last_used.to_le());
+        // The request before looking at the used index again: a completion the device adds
+        // after reading used_event is seen by the next harvest, or interrupts us.
+        fence(Ordering::SeqCst);
     }
 
     /// Appends `(tag, ret)` for each request the device has completed since the last call, ret
@@ -265,6 +289,12 @@ impl SplitQueue {
             if left.is_zero() {
                 return Ok(false);
             }
+            if self.event_idx {
+                self.ask_for_interrupt();
+                if self.harvest(done) > 0 {
+                    return Ok(true);
+                }
+            }
             // A completion between the harvest above and this poll has signalled the eventfd
             // already, so poll returns at once: no wakeup is lost.
             let mut pfd = libc::pollfd {
@@ -285,5 +315,28 @@ impl SplitQueue {
                 let _ = self.call.read();
             }
         }
+    }
+}
+
+/// Whether a notification is due under EVENT_IDX: the other side asked for one at index
+/// `event`, and the index moved from `old` to `new` (the virtio spec's vring_need_event).
+fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::need_event;
+
+    #[test]
+    fn a_notification_is_due_when_the_index_passes_the_event() {
+        // The device wants a kick once index 5 is made available.
+        assert!(need_event(5, 6, 5));
+        assert!(need_event(5, 8, 3));
+        assert!(!need_event(5, 5, 3));
+        assert!(!need_event(5, 9, 6));
+        // Across the wrap of the 16-bit index.
+        assert!(need_event(0xffff, 1, 0xfffe));
+        assert!(!need_event(2, 1, 0xfffe));
     }
 }
