@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use mqblk_client::Pattern;
+use mqblk_client::{Driver, Pattern};
 
 use crate::options::BenchOptions;
 
@@ -20,6 +20,8 @@ pub enum Backend {
     Qsd,
     /// fio with io_uring straight on the file: no vhost-user at all.
     Native,
+    /// SPDK's vhost target (`scripts/spdk-build.sh`), one polling reactor.
+    Spdk,
 }
 
 impl Backend {
@@ -29,6 +31,7 @@ impl Backend {
             Backend::Mqblk => "mqblk",
             Backend::Qsd => "qsd",
             Backend::Native => "native",
+            Backend::Spdk => "spdk",
         }
     }
 }
@@ -40,7 +43,10 @@ impl FromStr for Backend {
             "mqblk" => Ok(Backend::Mqblk),
             "qsd" => Ok(Backend::Qsd),
             "native" | "fio" => Ok(Backend::Native),
-            _ => Err(format!("unknown backend {s:?}: use mqblk, qsd or native")),
+            "spdk" => Ok(Backend::Spdk),
+            _ => Err(format!(
+                "unknown backend {s:?}: use mqblk, qsd, spdk or native"
+            )),
         }
     }
 }
@@ -108,6 +114,10 @@ pub struct WorkloadSpec {
     pub block_size: usize,
 }
 
+fn ser_driver<S: serde::Serializer>(d: &Driver, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(d.name())
+}
+
 fn ser_pattern<S: serde::Serializer>(p: &Pattern, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(p.name())
 }
@@ -160,10 +170,11 @@ impl BenchOptions {
         for (wi, _) in self.workloads.iter().enumerate() {
             for &iodepth in &self.iodepths {
                 for &jobs in &self.jobs {
-                    for &backend in &self.backends {
+                    for (backend, client) in self.backend_clients() {
                         let mut push = |mode: Option<Mode>, variant: usize| {
                             out.push(PointConfig {
                                 backend,
+                                client,
                                 mode,
                                 variant,
                                 workload: wi,
@@ -179,8 +190,8 @@ impl BenchOptions {
                                     }
                                 }
                             }
-                            Backend::Qsd => {
-                                for m in qsd_modes(&self.modes) {
+                            Backend::Qsd | Backend::Spdk => {
+                                for m in single_thread_modes(&self.modes) {
                                     push(Some(m), 0);
                                 }
                             }
@@ -193,7 +204,23 @@ impl BenchOptions {
         out
     }
 
-    /// The series label of a point: backend, mapping and (if several or any) mqblk options.
+    /// Each backend with each client that drives it, in the order given: SPDK's target only
+    /// with mqblk's frontend (libblkio refuses it), native fio with none of them (the client
+    /// recorded is a placeholder), the others with every `--client`.
+    fn backend_clients(&self) -> Vec<(Backend, Driver)> {
+        let mut out = Vec::new();
+        for &backend in &self.backends {
+            match backend {
+                Backend::Spdk => out.push((backend, Driver::Frontend)),
+                Backend::Native => out.push((backend, Driver::Libblkio)),
+                _ => out.extend(self.clients.iter().map(|&c| (backend, c))),
+            }
+        }
+        out
+    }
+
+    /// The series label of a point: backend, mapping, (if several or any) mqblk options, and
+    /// the client where it is not the only one.
     pub fn label(&self, p: &PointConfig) -> String {
         let mut s = p.backend.name().to_string();
         if let Some(m) = p.mode {
@@ -211,6 +238,9 @@ impl BenchOptions {
         if p.backend == Backend::Qsd && self.qsd_iothread {
             s.push_str(" [iothread]");
         }
+        if self.clients.len() > 1 && matches!(p.backend, Backend::Mqblk | Backend::Qsd) {
+            s.push_str(&format!(" via {}", p.client.name()));
+        }
         if p.backend == Backend::Native {
             s = "native fio".into();
         }
@@ -218,9 +248,10 @@ impl BenchOptions {
     }
 }
 
-/// The mappings QSD can express from those asked for: baseline (1 queue) and mq (one queue
-/// per job, all served by one AioContext). per-queue has no QSD equivalent: it maps to mq.
-pub fn qsd_modes(modes: &[Mode]) -> Vec<Mode> {
+/// The mappings a backend with one serving thread (QSD's AioContext, SPDK's single reactor)
+/// can express from those asked for: baseline (1 queue) and mq (one queue per job, all served
+/// by that thread). per-queue has no equivalent there: it maps to mq.
+pub fn single_thread_modes(modes: &[Mode]) -> Vec<Mode> {
     let mut out = Vec::new();
     if modes.contains(&Mode::Baseline) {
         out.push(Mode::Baseline);
@@ -236,6 +267,9 @@ pub fn qsd_modes(modes: &[Mode]) -> Vec<Mode> {
 pub struct PointConfig {
     /// Backend.
     pub backend: Backend,
+    /// The vhost-user frontend that drives it (unused for native fio).
+    #[serde(serialize_with = "ser_driver")]
+    pub client: Driver,
     /// Mapping (none for native fio).
     pub mode: Option<Mode>,
     /// Index into [`BenchOptions::mqblk_opts`] (0 for other backends).
@@ -314,8 +348,11 @@ mod tests {
         assert!(p[4..8].iter().all(|x| x.jobs == 2 && x.workload == 0));
         assert_eq!(p[5].queues(), 2);
         assert_eq!(p[4].queues(), 1);
-        assert_eq!(qsd_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
-        assert_eq!(qsd_modes(&[Mode::Mq, Mode::PerQueue]), vec![Mode::Mq]);
+        assert_eq!(single_thread_modes(&[Mode::PerQueue]), vec![Mode::Mq]);
+        assert_eq!(
+            single_thread_modes(&[Mode::Mq, Mode::PerQueue]),
+            vec![Mode::Mq]
+        );
 
         let o =
             test_options("--mode per-queue --mqblk-opts poll=off --mqblk-opts= --jobs 1").unwrap();
@@ -323,6 +360,37 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!(o.label(&p[0]), "mqblk per-queue [poll=off]");
         assert_eq!(o.label(&p[1]), "mqblk per-queue [defaults]");
+    }
+
+    #[test]
+    fn each_client_is_a_series_and_spdk_gets_the_frontend() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["bin/vhost", "scripts/rpc.py"] {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        let o = test_options(&format!(
+            "--backend mqblk,qsd,spdk --spdk-dir {} --client libblkio,frontend --mode mq --jobs 1",
+            dir.path().display()
+        ))
+        .unwrap();
+        let p = o.points();
+        let labels: Vec<String> = p.iter().map(|x| o.label(x)).collect();
+        assert_eq!(
+            labels,
+            [
+                "mqblk mq via libblkio",
+                "mqblk mq via frontend",
+                "qsd mq via libblkio",
+                "qsd mq via frontend",
+                "spdk mq"
+            ]
+        );
+        assert_eq!(p[4].client, Driver::Frontend);
+        let o = test_options("--backend qsd").unwrap();
+        assert_eq!(o.label(&o.points()[0]), "qsd baseline");
+        assert_eq!(o.points()[0].client, Driver::Libblkio);
     }
 
     #[test]

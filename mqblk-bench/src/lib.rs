@@ -1,5 +1,5 @@
 //! `mqblk bench`: runs a grid of workloads against mqblk (in each thread mapping),
-//! qemu-storage-daemon and host-native fio, and reports them side by side.
+//! qemu-storage-daemon, SPDK's vhost target and host-native fio, and reports them side by side.
 //!
 //! Every point of the grid (backend, mapping, workload, jobs, iodepth) gets a fresh backend
 //! process, started here and stopped after the point, so that what `/proc/<pid>` says about CPU
@@ -12,6 +12,7 @@
 //! - `options`: the command line ([`BenchArgs`]) and its validated settings ([`BenchOptions`]);
 //! - `grid`: backends, mappings, workloads, the points and their labels, the run order;
 //! - [`run`]: starting and stopping backends, measuring one point;
+//! - `spdk`: SPDK's vhost target: its build, command line and RPC calls;
 //! - `sample`: what one run of a point measured ([`Sample`]);
 //! - `summary`: **the metric table**: each metric once, from which [`Summary`] (median and
 //!   min–max over a point's samples, [`Stat`]) and both tables' columns are generated;
@@ -33,10 +34,11 @@ pub mod rbd;
 mod report;
 pub mod run;
 mod sample;
+pub mod spdk;
 mod summary;
 mod table;
 
-pub use grid::{qsd_modes, schedule, Backend, Mode, PointConfig, WorkloadSpec};
+pub use grid::{schedule, single_thread_modes, Backend, Mode, PointConfig, WorkloadSpec};
 #[cfg(test)]
 pub(crate) use options::test_options;
 pub use options::{parse_counts, parse_list, BenchArgs, BenchOptions, EngineKind};

@@ -7,14 +7,18 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use mqblk_client::Driver;
+
 use crate::grid::{Backend, Mode, WorkloadSpec};
 use crate::rbd;
+use crate::spdk::{SpdkBuild, SPDK_DIR_ENV};
 
 /// `mqblk bench` command-line arguments.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Backends, comma-separated: mqblk, qsd (qemu-storage-daemon), native (fio with io_uring
-    /// directly on --path; uring engine only).
+    /// Backends, comma-separated: mqblk, qsd (qemu-storage-daemon), spdk (SPDK's vhost target,
+    /// see --spdk-dir; a null bdev for the null engine, an aio bdev on the image for the uring
+    /// engine), native (fio with io_uring directly on --path; uring engine only).
     #[arg(long, default_value = "mqblk")]
     pub backend: String,
     /// mqblk thread mappings, comma-separated: baseline (1 queue, 1 thread), mq (one queue per
@@ -80,8 +84,14 @@ pub struct BenchArgs {
     /// with `--sandbox` set so (what confinement costs).
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
-    /// Client: use libblkio poll queues (busy-poll completions) instead of waiting on
-    /// interrupts (eventfds).
+    /// Clients, comma-separated: libblkio (its virtio-blk-vhost-user driver, as fio's libblkio
+    /// engine uses it) and/or frontend (mqblk's own vhost-user frontend, which shares memory
+    /// with SET_MEM_TABLE). Each is a series of its own for mqblk and qsd; spdk is always
+    /// driven by the frontend (libblkio requires CONFIGURE_MEM_SLOTS, which SPDK lacks).
+    #[arg(long, default_value = "libblkio")]
+    pub client: String,
+    /// Client: busy-poll completions (libblkio's poll queues; the frontend's polled used rings)
+    /// instead of waiting on interrupts (eventfds).
     #[arg(long)]
     pub client_poll: bool,
     /// Run QSD's export in a dedicated IOThread (`--object iothread` + `iothread=`) instead of
@@ -92,6 +102,10 @@ pub struct BenchArgs {
     /// qemu-storage-daemon binary.
     #[arg(long, default_value = "qemu-storage-daemon", value_name = "BIN")]
     pub qsd_bin: PathBuf,
+    /// SPDK build for --backend spdk, as `scripts/spdk-build.sh SPDK_SRC DIR` makes it (DIR/bin/vhost,
+    /// DIR/scripts/rpc.py). Default: $MQBLK_SPDK_DIR.
+    #[arg(long, value_name = "DIR")]
+    pub spdk_dir: Option<PathBuf>,
     /// fio binary (for --backend native).
     #[arg(long, default_value = "fio", value_name = "BIN")]
     pub fio_bin: PathBuf,
@@ -209,16 +223,40 @@ pub struct BenchOptions {
     pub out: PathBuf,
     /// mqblk export-key variants (at least one; "" is the defaults).
     pub mqblk_opts: Vec<String>,
+    /// The clients (vhost-user frontends) that drive mqblk and qsd.
+    #[serde(serialize_with = "ser_drivers")]
+    pub clients: Vec<Driver>,
     /// Client poll queues.
     pub client_poll: bool,
     /// QSD export in an IOThread.
     pub qsd_iothread: bool,
     /// qemu-storage-daemon binary.
     pub qsd_bin: PathBuf,
+    /// SPDK's build (with --backend spdk).
+    pub spdk: Option<SpdkBuild>,
     /// fio binary.
     pub fio_bin: PathBuf,
     /// mqblk binary.
     pub mqblk_bin: PathBuf,
+}
+
+fn ser_drivers<S: serde::Serializer>(d: &[Driver], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(d.iter().map(|d| d.name()))
+}
+
+/// `--client`'s list.
+fn parse_clients(s: &str) -> Result<Vec<Driver>, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let d: Driver = item.parse().map_err(|e| format!("--client: {e}"))?;
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    if out.is_empty() {
+        return Err("--client: the list is empty".into());
+    }
+    Ok(out)
 }
 
 fn ser_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -235,6 +273,7 @@ impl BenchOptions {
     pub fn from_args(a: &BenchArgs) -> Result<BenchOptions, String> {
         let backends: Vec<Backend> = parse_list("backend", &a.backend)?;
         let modes: Vec<Mode> = parse_list("mode", &a.mode)?;
+        let clients = parse_clients(&a.client)?;
         let engine: EngineKind = a.engine.parse().map_err(|e| format!("--engine: {e}"))?;
         let workloads: Vec<WorkloadSpec> = parse_list("workloads", &a.workloads)?;
         let jobs = parse_counts("jobs", &a.jobs, 64)?;
@@ -282,6 +321,30 @@ impl BenchOptions {
             }
             (_, Some(_)) => return Err("--rbd is for --engine rbd".into()),
             (_, None) => None,
+        };
+        let spdk = if backends.contains(&Backend::Spdk) {
+            if !matches!(engine, EngineKind::Null | EngineKind::Uring) {
+                return Err(format!(
+                    "--backend spdk serves a null bdev (--engine null) or an aio bdev on a file \
+                     (--engine uring), not --engine {}",
+                    engine.name()
+                ));
+            }
+            if engine == EngineKind::Null && size % (1 << 20) != 0 {
+                return Err(format!(
+                    "--size {}: --backend spdk's null bdev takes a whole number of MiB",
+                    a.size
+                ));
+            }
+            let dir = a
+                .spdk_dir
+                .clone()
+                .or_else(|| std::env::var_os(SPDK_DIR_ENV).map(PathBuf::from));
+            Some(SpdkBuild::find(dir.as_deref())?)
+        } else if a.spdk_dir.is_some() {
+            return Err("--spdk-dir without --backend spdk".into());
+        } else {
+            None
         };
         if !backends.contains(&Backend::Qsd) && a.qsd_iothread {
             return Err("--qsd-iothread without --backend qsd".into());
@@ -348,9 +411,11 @@ impl BenchOptions {
             repeat: a.repeat,
             out: a.out.clone(),
             mqblk_opts,
+            clients,
             client_poll: a.client_poll,
             qsd_iothread: a.qsd_iothread,
             qsd_bin: a.qsd_bin.clone(),
+            spdk,
             fio_bin: a.fio_bin.clone(),
             mqblk_bin,
         })
@@ -426,5 +491,32 @@ mod tests {
             o.rbd.as_ref().map(|r| r.spec()).as_deref(),
             Some("rbd/bench")
         );
+    }
+
+    #[test]
+    fn spdk_needs_its_build_and_an_engine_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["bin/vhost", "scripts/rpc.py"] {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        let d = dir.path().display();
+        let o = test_options(&format!("--backend mqblk,spdk --spdk-dir {d} --jobs 2")).unwrap();
+        assert_eq!(o.spdk.as_ref().unwrap().vhost, dir.path().join("bin/vhost"));
+        let labels: Vec<String> = o.points().iter().map(|p| o.label(p)).collect();
+        assert!(labels.contains(&"spdk baseline".to_string()), "{labels:?}");
+        assert!(labels.contains(&"spdk mq".to_string()), "{labels:?}");
+        let e = test_options(&format!("--backend spdk --spdk-dir {d}/none")).unwrap_err();
+        assert!(e.contains("scripts/spdk-build.sh"), "{e}");
+        let e = test_options(&format!(
+            "--backend spdk --spdk-dir {d} --engine rbd --rbd r/i"
+        ))
+        .unwrap_err();
+        assert!(e.contains("not --engine rbd"), "{e}");
+        let e = test_options(&format!("--backend spdk --spdk-dir {d} --size 1500K")).unwrap_err();
+        assert!(e.contains("MiB"), "{e}");
+        let e = test_options(&format!("--spdk-dir {d}")).unwrap_err();
+        assert!(e.contains("without --backend spdk"), "{e}");
     }
 }

@@ -66,8 +66,10 @@ impl Ratio {
             })
         };
         let median_iops = |q: &PointResult| q.summary.iops.map(|s| s.median);
+        // Driven by the same client: a comparison of backends, not of clients.
         let qsd = group()
-            .filter(|q| q.config.backend == Backend::Qsd && q.summary.iops.is_some())
+            .filter(|q| q.config.backend == Backend::Qsd && q.config.client == p.config.client)
+            .filter(|q| q.summary.iops.is_some())
             .max_by(|a, b| {
                 median_iops(a)
                     .partial_cmp(&median_iops(b))
@@ -77,6 +79,7 @@ impl Ratio {
         let first_variant = group().find(|q| {
             q.config.backend == Backend::Mqblk
                 && q.config.mode == p.config.mode
+                && q.config.client == p.config.client
                 && q.config.variant == 0
                 && p.config.variant > 0
         });

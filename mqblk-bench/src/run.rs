@@ -1,5 +1,6 @@
-//! Running one point: start the backend process, drive it with the built-in client (or run fio
-//! for the host-native comparison), read what `/proc` says about the backend, stop it.
+//! Running one point: start the backend process (and, for SPDK, create its bdev and controller
+//! over RPC), drive it with the built-in client (or run fio for the host-native comparison),
+//! read what `/proc` says about the backend, stop it.
 //!
 //! Here: the tools check, the image, [`RunEnv`] and one point's run, mqblk's stats file. In
 //! `run/`: `backend.rs` (the backends' command lines, starting and stopping them), `fio.rs`
@@ -60,6 +61,8 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
                 "fio",
                 "install fio (bash .ci/setup does), or pass --fio-bin",
             )?,
+            // Its build was found when the options were checked; rpc.py needs python3.
+            Backend::Spdk => check(Path::new("python3"), "python3", "SPDK's rpc.py needs it")?,
         }
     }
     Ok(())
@@ -256,11 +259,14 @@ impl<'a> RunEnv<'a> {
             .unwrap_or(self.tmp.path())
             .join(format!("stats{n}.json"));
         let log = self.log_file(p.backend, n, &header)?;
+        let rpc_sock = self.tmp.path().join(format!("s{n}.rpc"));
         let mut cmd = match p.backend {
             Backend::Mqblk => self.mqblk_command(p, &sock, &stats),
+            Backend::Spdk => self.spdk_command(&sock, &rpc_sock),
             _ => self.qsd_command(p, &sock),
         };
         writeln!(&log, "{cmd:?}")?;
+        let rpc_log = log.try_clone()?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -273,6 +279,12 @@ impl<'a> RunEnv<'a> {
             stopped: false,
         };
         let log_path = self.logs.join(format!("{}.log", p.backend.name()));
+        if p.backend == Backend::Spdk {
+            self.configure_spdk(&sock, &rpc_sock, &mut backend.child, &rpc_log)
+                .with_context(|| {
+                    format!("setting up SPDK's controller (see {})", log_path.display())
+                })?;
+        }
         wait_for_socket(&sock, &mut backend.child).with_context(|| {
             format!(
                 "{} did not start listening (see {})",
@@ -282,6 +294,7 @@ impl<'a> RunEnv<'a> {
         })?;
 
         let mut wl = Workload::new(&sock);
+        wl.driver = p.client;
         wl.num_queues = p.queues();
         wl.jobs = p.jobs;
         wl.iodepth = p.iodepth;
@@ -299,6 +312,9 @@ impl<'a> RunEnv<'a> {
                 log_path.display()
             )
         })?;
+        if p.backend == Backend::Spdk {
+            self.prepare_spdk_stop(&sock, &rpc_sock)?;
+        }
         let status = backend.stop()?;
         if p.backend == Backend::Mqblk {
             ensure!(

@@ -37,11 +37,16 @@
 //! * `report.rs`: [`Report`], [`JobReport`], and [`FailedRequest`], a run's first failed request;
 //! * `runner/`: [`run`]: `mod.rs` connects, lays out the queues' jobs and slots and starts a
 //!   thread per queue; `queue.rs` is one queue's thread (submit, wait, complete); `job.rs` one
-//!   job (its next request, its phases, what it counts).
+//!   job (its next request, its phases, what it counts); `request_queue.rs` what a thread needs
+//!   from either driver's queue;
+//! * `frontend/`: mqblk's own vhost-user frontend ([`Driver::Frontend`]), for backends libblkio
+//!   refuses (SPDK's vhost target): `mod.rs` negotiation and guest memory, `vring.rs` a split
+//!   virtqueue.
 
 mod client;
 mod connect;
 mod data_pattern;
+mod frontend;
 mod histogram;
 mod report;
 mod runner;
@@ -56,4 +61,4 @@ pub use data_pattern::{check_pattern, fill_pattern};
 pub use histogram::LatencyHistogram;
 pub use report::{FailedRequest, JobReport, Report};
 pub use runner::run;
-pub use workload::{job_regions, Pattern, Workload};
+pub use workload::{job_regions, Driver, Pattern, Workload};

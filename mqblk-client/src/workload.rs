@@ -70,6 +70,39 @@ impl FromStr for Pattern {
     }
 }
 
+/// The vhost-user frontend a [`run`](crate::run) drives the device with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// libblkio's `virtio-blk-vhost-user` driver (what fio's libblkio engine uses).
+    #[default]
+    Libblkio,
+    /// mqblk's own frontend (`frontend/`): memory shared with SET_MEM_TABLE, so that backends
+    /// without CONFIGURE_MEM_SLOTS, such as SPDK's vhost target, can be driven.
+    Frontend,
+}
+
+impl Driver {
+    /// The name used on the command line (what [`FromStr`] accepts).
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Libblkio => "libblkio",
+            Driver::Frontend => "frontend",
+        }
+    }
+}
+
+impl FromStr for Driver {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "libblkio" => Driver::Libblkio,
+            "frontend" => Driver::Frontend,
+            _ => bail!("unknown client {s:?} (libblkio, frontend)"),
+        })
+    }
+}
+
 /// A workload for [`run`](crate::run).
 ///
 /// Jobs: job `i` submits on queue `i % num_queues`; each queue that has jobs is driven by one
@@ -84,6 +117,8 @@ impl FromStr for Pattern {
 pub struct Workload {
     /// The vhost-user-blk socket to connect to.
     pub socket: PathBuf,
+    /// The frontend that drives it.
+    pub driver: Driver,
     /// Virtqueues to set up.
     pub num_queues: usize,
     /// Virtqueue size; `None`: big enough for each queue's requests (3 descriptors each), at
@@ -116,6 +151,7 @@ impl Workload {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Self {
             socket: socket.into(),
+            driver: Driver::Libblkio,
             num_queues: 1,
             queue_size: None,
             poll: false,

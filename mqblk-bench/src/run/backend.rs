@@ -1,5 +1,6 @@
-//! Starting and stopping a backend: `mqblk serve`'s and qemu-storage-daemon's command lines
-//! for a point, waiting for the socket, SIGTERM and a deadline to stop.
+//! Starting and stopping a backend: `mqblk serve`'s, qemu-storage-daemon's and SPDK's command
+//! lines for a point (and SPDK's RPC calls), waiting for the socket, SIGTERM and a deadline to
+//! stop.
 
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use anyhow::{bail, ensure};
 use rustix::process::{kill_process, Pid, Signal};
 
 use super::{RunEnv, BENCH_KEYS};
+use crate::spdk::{rpc_calls, SpdkBuild};
 use crate::{EngineKind, PointConfig};
 
 /// How long a backend may take to start listening, and to exit after SIGTERM.
@@ -133,6 +135,71 @@ impl RunEnv<'_> {
             .arg("--export")
             .arg(export);
         cmd
+    }
+}
+
+impl RunEnv<'_> {
+    fn spdk_build(&self) -> &SpdkBuild {
+        self.opts
+            .spdk
+            .as_ref()
+            .expect("checked: --backend spdk has its build")
+    }
+
+    /// SPDK's target, serving its vhost-user sockets in `sock`'s directory (the controller is
+    /// named after `sock`'s file name, so that its socket is `sock`) and RPC on `rpc_sock`.
+    pub(super) fn spdk_command(&self, sock: &Path, rpc_sock: &Path) -> Command {
+        let dir = sock
+            .parent()
+            .expect("sockets are made in the run's directory");
+        let argv = self.spdk_build().vhost_argv(dir, rpc_sock);
+        let mut cmd = Command::new(&argv[0]);
+        // In the run's temporary directory, so that a crash's core file is not left in the
+        // user's.
+        cmd.args(&argv[1..]).current_dir(dir);
+        cmd
+    }
+
+    /// Once SPDK's target listens on `rpc_sock`: creates the bdev and the controller whose
+    /// socket is `sock`, each `rpc.py` call's output going to `log`.
+    pub(super) fn configure_spdk(
+        &self,
+        sock: &Path,
+        rpc_sock: &Path,
+        child: &mut Child,
+        log: &std::fs::File,
+    ) -> anyhow::Result<()> {
+        use std::io::Write;
+        wait_for_socket(rpc_sock, child)?;
+        let ctrlr = sock
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("the run names its sockets in ASCII");
+        let image = self.image.as_deref();
+        for call in rpc_calls(self.opts.engine, self.size, image, ctrlr) {
+            let argv = self.spdk_build().rpc_argv(rpc_sock, &call);
+            writeln!(&*log, "{argv:?}")?;
+            let status = Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log.try_clone()?)
+                .status()?;
+            ensure!(status.success(), "rpc.py {} exited with {status}", call[0]);
+        }
+        Ok(())
+    }
+
+    /// Makes SPDK's target ready for SIGTERM once the client on `sock` is gone: without this
+    /// it can hang or crash at exit (see `spdk.rs`).
+    pub(super) fn prepare_spdk_stop(&self, sock: &Path, rpc_sock: &Path) -> anyhow::Result<()> {
+        let ctrlr = sock
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("the run names its sockets in ASCII");
+        self.spdk_build()
+            .prepare_stop(rpc_sock, ctrlr, STOP_TIMEOUT)
+            .map_err(anyhow::Error::msg)
     }
 }
 

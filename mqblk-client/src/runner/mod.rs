@@ -1,21 +1,24 @@
-//! [`run`]: a [`Workload`] on one connection, one thread per queue, all starting together, and
-//! the [`Report`] of what they counted.
+//! [`run`]: a [`Workload`] on one connection (libblkio's or mqblk's own frontend's, by
+//! [`Workload::driver`]), one thread per queue, all starting together, and the [`Report`] of
+//! what they counted.
 
 mod job;
 mod queue;
+mod request_queue;
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use blkio::Blkioq;
 
 use self::job::Job;
 use self::queue::{QueueWork, Slot};
+use self::request_queue::{BlkioQueue, RequestQueue};
 use crate::connect::{map_buffer, open, ConnectOptions};
 use crate::data_pattern::fill_pattern;
+use crate::frontend::FrontendConnection;
 use crate::report::Report;
-use crate::workload::Workload;
+use crate::workload::{Driver, Workload};
 
 /// Largest queue size asked for by default: libvhost-user (qemu-storage-daemon) and mqblk's
 /// default both accept 1024 but not more.
@@ -30,24 +33,61 @@ const DESCRIPTORS_PER_REQUEST: usize = 3;
 /// are counted in [`Report::errors`] instead.
 pub fn run(w: &Workload) -> anyhow::Result<Report> {
     w.validate()?;
+    match w.driver {
+        Driver::Libblkio => run_libblkio(w),
+        Driver::Frontend => run_frontend(w),
+    }
+}
+
+fn run_libblkio(w: &Workload) -> anyhow::Result<Report> {
     let mut conn = open(&w.socket, &connect_options(w))
         .with_context(|| format!("connecting to {}", w.socket.display()))?;
     let regions = w.job_regions(conn.capacity()?)?;
     let mem = map_buffer(&mut conn.blkio, w.jobs * w.iodepth * w.block_size)?;
     // Queues without jobs stay in `conn` until the end, as every queue does while it runs.
     let used = conn.queues.len().min(w.jobs);
-    let work = plan(w, conn.queues.drain(..used), &regions, mem.addr as *mut u8);
-    let (elapsed, jobs) = drive(w, work)?;
-    let report = Report::from_jobs(
-        w.pattern,
-        w.block_size,
-        conn.read_only,
-        elapsed,
-        jobs.into_iter().map(|j| j.into_report(w.block_size)),
-    );
+    let queues = conn.queues.drain(..used).enumerate().map(|(q, queue)| {
+        let slots = jobs_of_queue(w, q).count() * w.iodepth;
+        BlkioQueue::new(queue, slots)
+    });
+    let work = plan(w, queues, &regions, mem.addr as *mut u8);
+    let report = report(w, conn.read_only, drive(w, work)?);
     // Queues are dropped by the threads; `conn` (and with it the buffer region) goes last.
     drop(conn);
     Ok(report)
+}
+
+fn run_frontend(w: &Workload) -> anyhow::Result<Report> {
+    let options = connect_options(w);
+    let queue_size = options.queue_size.expect("connect_options sets it") as u16;
+    let busiest = jobs_of_queue(w, 0).count() * w.iodepth;
+    let mut conn = FrontendConnection::open(
+        &w.socket,
+        w.num_queues,
+        queue_size,
+        busiest,
+        w.jobs * w.iodepth * w.block_size,
+        w.poll,
+        w.pattern.writes(),
+    )
+    .with_context(|| format!("connecting to {} (mqblk's frontend)", w.socket.display()))?;
+    let regions = w.job_regions(conn.capacity)?;
+    let used = conn.queues.len().min(w.jobs);
+    let base = conn.data_area();
+    let work = plan(w, conn.queues.drain(..used), &regions, base);
+    let report = report(w, conn.read_only, drive(w, work)?);
+    drop(conn);
+    Ok(report)
+}
+
+fn report(w: &Workload, read_only: bool, (elapsed, jobs): (Duration, Vec<Job>)) -> Report {
+    Report::from_jobs(
+        w.pattern,
+        w.block_size,
+        read_only,
+        elapsed,
+        jobs.into_iter().map(|j| j.into_report(w.block_size)),
+    )
 }
 
 /// The jobs queue `q` serves: job `j` submits on queue `j % num_queues`.
@@ -73,12 +113,12 @@ fn connect_options(w: &Workload) -> ConnectOptions {
 
 /// Builds each queue's jobs and request slots up front, so that nothing is allocated while
 /// running. `base` is the buffer region: `jobs * iodepth` slots of `block_size` bytes.
-fn plan(
+fn plan<Q: RequestQueue>(
     w: &Workload,
-    queues: impl Iterator<Item = Blkioq>,
+    queues: impl Iterator<Item = Q>,
     regions: &[(u64, u64)],
     base: *mut u8,
-) -> Vec<QueueWork> {
+) -> Vec<QueueWork<Q>> {
     let bs = w.block_size;
     let mut next_slot = 0usize;
     let mut work = Vec::new();
@@ -119,7 +159,10 @@ fn plan(
 
 /// Drives each queue on a thread of its own, all released at once. Returns the time from that
 /// start until the last thread finished, and every job, in queue order.
-fn drive(w: &Workload, work: Vec<QueueWork>) -> anyhow::Result<(Duration, Vec<Job>)> {
+fn drive<Q: RequestQueue>(
+    w: &Workload,
+    work: Vec<QueueWork<Q>>,
+) -> anyhow::Result<(Duration, Vec<Job>)> {
     let barrier = Barrier::new(work.len() + 1);
     let (start, results) = std::thread::scope(|s| {
         let handles: Vec<_> = work

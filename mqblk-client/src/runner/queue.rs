@@ -1,14 +1,12 @@
 //! One queue's thread: keeps each of the queue's jobs at `iodepth` requests in flight until
 //! they are done, submitting into its slots and counting what completes.
 
-use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
-use blkio::{Blkioq, Completion, Errno, ReqFlags};
+use anyhow::{bail, Context};
 
 use super::job::{Job, Phase, Request};
-use crate::connect::blkio_err;
+use super::request_queue::{RequestQueue, WaitError};
 use crate::data_pattern::fill_pattern;
 use crate::workload::Workload;
 
@@ -23,27 +21,23 @@ pub(super) struct Slot {
 }
 
 /// A queue with the jobs it serves and their slots, moved into that queue's thread.
-pub(super) struct QueueWork {
-    pub(super) queue: Blkioq,
+pub(super) struct QueueWork<Q> {
+    pub(super) queue: Q,
     pub(super) jobs: Vec<Job>,
     pub(super) slots: Vec<Slot>,
 }
 
 // SAFETY: `Slot::buf` points into a memory region that outlives the threads (it is owned by the
-// `Blkio` in `run`, which joins them before returning) and that only this queue's thread touches.
-unsafe impl Send for QueueWork {}
+// connection in `run`, which joins them before returning) and that only this queue's thread
+// touches.
+unsafe impl<Q: Send> Send for QueueWork<Q> {}
 
-impl QueueWork {
+impl<Q: RequestQueue> QueueWork<Q> {
     /// Runs the queue's jobs to their end, the runtime counted from `start`. Returns the queue
     /// (so that it is dropped on the caller's side of the join) and the jobs.
-    pub(super) fn drive(
-        mut self,
-        w: &Workload,
-        start: Instant,
-    ) -> anyhow::Result<(Blkioq, Vec<Job>)> {
+    pub(super) fn drive(mut self, w: &Workload, start: Instant) -> anyhow::Result<(Q, Vec<Job>)> {
         let deadline = w.runtime.map(|r| start + r);
-        let mut completions: Vec<MaybeUninit<Completion>> = Vec::with_capacity(self.slots.len());
-        completions.resize_with(self.slots.len(), MaybeUninit::uninit);
+        let mut completions: Vec<(usize, i32)> = Vec::with_capacity(self.slots.len());
         loop {
             let (inflight, active) = self.submit(w, deadline);
             if !active {
@@ -53,12 +47,11 @@ impl QueueWork {
                 // A job just changed phase; go round again to submit for the new one.
                 continue;
             }
-            let n = self.wait(&mut completions, w.io_timeout, inflight)?;
+            completions.clear();
+            self.wait(&mut completions, w.io_timeout, inflight)?;
             let now = Instant::now();
-            for c in &completions[..n] {
-                // SAFETY: do_io initialised the first n entries.
-                let c = unsafe { c.assume_init_ref() };
-                self.complete(c.user_data, c.ret, now, w);
+            for &(tag, ret) in &completions {
+                self.complete(tag, ret, now, w);
             }
         }
         Ok((self.queue, self.jobs))
@@ -91,14 +84,7 @@ impl QueueWork {
                 slot.offset = offset;
                 now = Instant::now();
                 slot.issued_at = now;
-                let tag = si as usize;
-                if write {
-                    self.queue
-                        .write(offset, slot.buf, bs, tag, ReqFlags::empty());
-                } else {
-                    self.queue
-                        .read(offset, slot.buf, bs, tag, ReqFlags::empty());
-                }
+                self.queue.queue(si as usize, write, offset, slot.buf, bs);
             }
             inflight += job.inflight;
             active |= job.phase != Phase::Done;
@@ -106,24 +92,20 @@ impl QueueWork {
         (inflight, active)
     }
 
-    /// Waits up to `timeout` for completions (at least one); returns how many arrived.
+    /// Submits and waits up to `timeout` for completions (at least one), into `completions`.
     fn wait(
         &mut self,
-        completions: &mut [MaybeUninit<Completion>],
+        completions: &mut Vec<(usize, i32)>,
         timeout: Duration,
         inflight: usize,
-    ) -> anyhow::Result<usize> {
+    ) -> anyhow::Result<()> {
         let qidx = self.jobs[0].queue;
-        let mut left = timeout;
-        match self.queue.do_io(completions, 1, Some(&mut left), None) {
-            Ok(n) => Ok(n),
-            Err(e) if e.errno() == Errno::TIME => bail!(
+        match self.queue.wait(completions, timeout) {
+            Ok(()) => Ok(()),
+            Err(WaitError::Timeout) => bail!(
                 "queue {qidx}: no completion for {timeout:?} with {inflight} requests in flight"
             ),
-            Err(e) => Err(blkio_err(
-                &format!("queue {qidx}: waiting for completions"),
-                e,
-            )),
+            Err(WaitError::Failed(e)) => Err(e).with_context(|| format!("queue {qidx}")),
         }
     }
 
