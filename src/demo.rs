@@ -74,12 +74,14 @@ fn print_backend(label: &str, before: IoCounters, after: IoCounters) {
     let submits = after.submits - before.submits;
     println!(
         "  backend ({label}): {requests} requests, {:.1} requests per io_uring submit, {} merged, \
-         {:.3} guest notifications and {:.3} kicks per request, {} errors",
+         {:.3} guest notifications and {:.3} kicks per request, {} errors, \
+         {} on registered buffers",
         requests as f64 / submits.max(1) as f64,
         after.merges - before.merges,
         per_request(after.notifies - before.notifies),
         per_request(after.kicks - before.kicks),
         after.errors - before.errors,
+        after.fixed_buf_ios - before.fixed_buf_ios,
     );
 }
 

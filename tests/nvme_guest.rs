@@ -25,7 +25,9 @@
 //!
 //! Cases: both LBA sizes x the three thread mappings (baseline: 1 queue and 1 thread; mq: 2
 //! queues, 1 thread; per-queue: 2 queues, 2 threads), one client job per queue; the per-queue
-//! cases send 128 KiB requests, 4 times the controllers' MDTS, so that they must be split. In
+//! cases send 128 KiB requests, 4 times the controllers' MDTS, so that they must be split; the
+//! 4 KiB mq case runs with `fixed-buffers=on`, and its single-buffer commands must have used
+//! registered guest memory (demo's backend line counts them). In
 //! those, `mqblk demo --export` serves the namespace itself; in one more case per LBA size
 //! (per-queue, 4 KiB requests), `mqblk serve --sandbox strict` serves it, confined as in
 //! production, and `mqblk demo --connect` drives it ([`Server`]). Each case's `engine` says
@@ -147,6 +149,8 @@ struct Case {
     threads: &'static str,
     /// Bytes per request of the verify, re-read and random-read steps.
     block_size: usize,
+    /// More export keys (after the spec's engine, path, queues and threads), or "".
+    options: &'static str,
 }
 
 const CASES: [Case; 8] = [
@@ -159,6 +163,7 @@ const CASES: [Case; 8] = [
         queues: 1,
         threads: "1",
         block_size: 4096,
+        options: "",
     },
     Case {
         name: "lba512-mq",
@@ -169,6 +174,7 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "1",
         block_size: 4096,
+        options: "",
     },
     Case {
         name: "lba512-per-queue",
@@ -179,6 +185,7 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
+        options: "",
     },
     Case {
         name: "lba512-served",
@@ -189,6 +196,7 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "per-queue",
         block_size: 4096,
+        options: "",
     },
     Case {
         name: "lba4k-baseline",
@@ -199,6 +207,7 @@ const CASES: [Case; 8] = [
         queues: 1,
         threads: "1",
         block_size: 4096,
+        options: "",
     },
     Case {
         name: "lba4k-mq",
@@ -209,6 +218,8 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "1",
         block_size: 4096,
+        // Single-buffer commands on registered guest memory (IORING_URING_CMD_FIXED).
+        options: ",fixed-buffers=on",
     },
     Case {
         name: "lba4k-per-queue",
@@ -219,6 +230,7 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "per-queue",
         block_size: LARGE_REQUEST,
+        options: "",
     },
     Case {
         name: "lba4k-served",
@@ -229,6 +241,7 @@ const CASES: [Case; 8] = [
         queues: 2,
         threads: "per-queue",
         block_size: 4096,
+        options: "",
     },
 ];
 
@@ -254,13 +267,14 @@ impl Case {
     /// Its kernel command line parameter (see tests/guest/init-nvme).
     fn param(&self, seed: u64) -> String {
         format!(
-            "mqblk.case={}:{}:{}:{},queues={},threads={}:{}:{}:{seed}:{}",
+            "mqblk.case={}:{}:{}:{},queues={},threads={}{}:{}:{}:{seed}:{}",
             self.name,
             self.controller().serial,
             self.nsid,
             self.engine.spec(),
             self.queues,
             self.threads,
+            self.options,
             self.block_size,
             self.jobs(),
             self.server.name(),
@@ -482,9 +496,13 @@ fn check_case(report: &[String], dir: &Path, seed: u64, i: usize) -> Vec<String>
         }
         Some(_) => {}
     }
-    let demo = DemoReport::parse(case_output(report, name));
+    let output = case_output(report, name);
+    let demo = DemoReport::parse(output.clone());
     // A flush on every queue: what QEMU's flush count is checked against.
     failures.extend(demo.failures(&["flush"]));
+    if case.options.contains("fixed-buffers=on") {
+        failures.extend(check_registered_buffers(&output));
+    }
     let image = case.image(dir);
     match (
         expected_disk(&demo, NS_BYTES, case.jobs(), case.block_size),
@@ -502,6 +520,25 @@ fn check_case(report: &[String], dir: &Path, seed: u64, i: usize) -> Vec<String>
         .into_iter()
         .map(|f| format!("case {name}: {f}"))
         .collect()
+}
+
+/// With `fixed-buffers=on` the verify step's single-buffer commands must have gone on
+/// registered guest memory (demo's "backend (verify)" line counts them), not fallen back.
+fn check_registered_buffers(output: &[&str]) -> Vec<String> {
+    let line = output
+        .iter()
+        .find(|l| l.trim_start().starts_with("backend (verify):"));
+    let fixed = line.and_then(|l| {
+        let (head, _) = l.split_once(" on registered buffers")?;
+        head.rsplit(' ').next()?.parse::<u64>().ok()
+    });
+    match fixed {
+        Some(n) if n > 0 => Vec::new(),
+        _ => vec![format!(
+            "fixed-buffers=on, but no I/O went on registered buffers: {:?}",
+            line.map(|l| l.trim())
+        )],
+    }
 }
 
 /// The QEMU trace event of a flush command, with the namespace's NSID after it in hex.
