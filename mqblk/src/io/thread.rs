@@ -80,6 +80,9 @@ pub(super) struct IoThread {
     /// When this loop iteration began, in nanoseconds since `epoch`: the one clock reading
     /// per iteration that the in-flight integral and every request's latency use.
     pub(super) now_ns: u64,
+    /// This thread, as the QoS buckets it shares tell their waiters apart (read once here,
+    /// not per request).
+    pub(super) thread_id: std::thread::ThreadId,
     /// QoS buckets (shared with the export's other threads, or its group's); `None`: no
     /// limit, and requests skip admission.
     pub(super) throttle: Option<Arc<Throttle>>,
@@ -157,6 +160,8 @@ impl IoThread {
             dirty: DirtyTracking::new(nq),
             split_limits,
             wide,
+            // `new` runs on the I/O thread it builds.
+            thread_id: std::thread::current().id(),
         };
         t.arm_control();
         if let Some(fd) = t.channel.completion_fd() {

@@ -6,6 +6,7 @@
 //! timeout for the earliest wait and goes on serving its other queues. Nothing spins: the
 //! thread sleeps in `io_uring_enter` until the timer (or other work) wakes it.
 
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use super::buckets::Dir;
@@ -25,10 +26,10 @@ fn counted(slot: &Slot) -> Option<(Dir, u64)> {
     }
 }
 
-/// Lets `slot` through `throttle` at `now`, or says how long it must wait.
-fn try_admit(throttle: &Throttle, slot: &Slot, now: Instant) -> Result<(), Duration> {
+/// Lets `slot` of thread `me` through `throttle` at `now`, or says how long it must wait.
+fn try_admit(throttle: &Throttle, me: ThreadId, slot: &Slot, now: Instant) -> Result<(), Duration> {
     match counted(slot) {
-        Some((dir, bytes)) => throttle.admit(std::thread::current().id(), dir, bytes, now),
+        Some((dir, bytes)) => throttle.admit(me, dir, bytes, now),
         None => Ok(()),
     }
 }
@@ -47,7 +48,7 @@ impl IoThread {
             let Some(throttle) = self.throttle.as_deref() else {
                 return true;
             };
-            match try_admit(throttle, self.slots.get(id), now) {
+            match try_admit(throttle, self.thread_id, self.slots.get(id), now) {
                 Ok(()) => return true,
                 Err(w) => wait = Some(w),
             }
@@ -76,7 +77,7 @@ impl IoThread {
             let drain = drain_all || q.stop_reply.is_some();
             while let Some(&(id, since)) = q.waiting.front() {
                 if let (false, Some(throttle)) = (drain, self.throttle.as_deref()) {
-                    if let Err(w) = try_admit(throttle, self.slots.get(id), now) {
+                    if let Err(w) = try_admit(throttle, self.thread_id, self.slots.get(id), now) {
                         next = Some(next.map_or(w, |n| n.min(w)));
                         break;
                     }
