@@ -28,6 +28,9 @@ die() {
 	echo "mkinitramfs-fio: $*" >&2
 	exit 1
 }
+# resolve_libs, install_libs, pack.
+# shellcheck source=tests/guest/initramfs-lib.sh
+. "$here/initramfs-lib.sh"
 
 # zstd decompresses several times faster than gzip in the TCG guest; MQBLK_INITRAMFS_GZIP=1
 # forces gzip (to try the fallback).
@@ -51,21 +54,11 @@ if command -v file >/dev/null && ! file -L "$busybox" | grep -q 'statically link
 fi
 
 # The libraries fio needs (resolved by the host's loader), and the loader itself.
-ldd_out=$(ldd "$fio") || die "ldd $fio failed"
-if grep -q 'not found' <<<"$ldd_out"; then
-	die "ldd $fio: some libraries are missing on this host:
-$ldd_out"
-fi
-mapfile -t libs < <(awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$ldd_out" | sort -u)
-[ "${#libs[@]}" -gt 0 ] || die "ldd $fio listed no libraries:
-$ldd_out"
-interp=$(awk '$1 ~ /ld-linux/ { print $1; exit }' <<<"$ldd_out")
-[ -n "$interp" ] || die "ldd $fio shows no dynamic loader:
-$ldd_out"
+resolve_libs "$fio"
 
 if [ -f "$out" ]; then
 	stale=0
-	for input in "$init" "$module" "$busybox" "$fio" "$0" "${libs[@]}"; do
+	for input in "$init" "$module" "$busybox" "$fio" "$0" "$here/initramfs-lib.sh" "${libs[@]}"; do
 		[ "$input" -nt "$out" ] && stale=1
 	done
 	if [ "$stale" = 0 ]; then
@@ -83,19 +76,6 @@ install -m 0755 "$init" "$stage/init"
 install -m 0755 "$busybox" "$stage/bin/busybox"
 install -m 0755 "$fio" "$stage/usr/bin/fio"
 install -m 0644 "$module" "$stage/lib/modules/virtio_blk.ko"
-# Each library at the path the loader found it (following symlinks for the content; /lib and
-# /lib64 are real directories in the guest, so /lib/x86_64-linux-gnu/... paths work as they are).
-for lib in "${libs[@]}"; do
-	mkdir -p "$stage$(dirname "$lib")"
-	cp -L "$lib" "$stage$lib"
-done
-[ -f "$stage$interp" ] || die "the loader $interp was not copied"
-# No /dev/console node (creating one needs root): the kernel's built-in initramfs provides it,
-# and /init mounts devtmpfs and reopens its stdio on /dev/console anyway.
-(
-	cd "$stage"
-	find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0
-) | compress >"$tmp_out"
-# Rename into place so that a concurrent reader never sees a half-written file.
-mv -f "$tmp_out" "$out"
+install_libs "$stage"
+pack "$stage" "$tmp_out" "$out"
 echo "$out"

@@ -23,6 +23,9 @@ die() {
 	echo "mkinitramfs-nvme: $*" >&2
 	exit 1
 }
+# resolve_libs, install_libs, pack.
+# shellcheck source=tests/guest/initramfs-lib.sh
+. "$here/initramfs-lib.sh"
 
 [ $# -eq 1 ] || die "usage: mkinitramfs-nvme.sh PATH-TO-MQBLK"
 mqblk="$1"
@@ -48,20 +51,12 @@ if command -v file >/dev/null && ! file -L "$busybox" | grep -q 'statically link
 fi
 
 # The libraries mqblk needs (resolved by the host's loader), and the loader itself.
-ldd_out=$(ldd "$mqblk") || die "ldd $mqblk failed"
-if grep -q 'not found' <<<"$ldd_out"; then
-	die "ldd $mqblk: some libraries are missing on this host:
-$ldd_out"
-fi
-mapfile -t libs < <(awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' <<<"$ldd_out" | sort -u)
-interp=$(awk '$1 ~ /ld-linux/ { print $1; exit }' <<<"$ldd_out")
-[ -n "$interp" ] || die "ldd $mqblk shows no dynamic loader:
-$ldd_out"
+resolve_libs "$mqblk"
 
 mkdir -p "$guest"
 if [ -f "$out" ]; then
 	stale=0
-	for input in "$init" "$busybox" "$mqblk" "$0" "${libs[@]}"; do
+	for input in "$init" "$busybox" "$mqblk" "$0" "$here/initramfs-lib.sh" "${libs[@]}"; do
 		[ "$input" -nt "$out" ] && stale=1
 	done
 	if [ "$stale" = 0 ]; then
@@ -78,19 +73,6 @@ install -m 0755 "$init" "$stage/init"
 install -m 0755 "$busybox" "$stage/bin/busybox"
 # A debug build is ~85 MB, ~19 MB without its debug info (symbols stay, for backtraces).
 strip --strip-debug -o "$stage/bin/mqblk" "$mqblk"
-# Each library at the path the loader found it (following symlinks for the content; /lib and
-# /lib64 are real directories in the guest, so /lib/x86_64-linux-gnu/... paths work as they are).
-for lib in "${libs[@]}"; do
-	mkdir -p "$stage$(dirname "$lib")"
-	cp -L "$lib" "$stage$lib"
-done
-[ -f "$stage$interp" ] || die "the loader $interp was not copied"
-# No /dev/console node (creating one needs root): the kernel's built-in initramfs provides it,
-# and /init mounts devtmpfs and reopens its stdio on /dev/console anyway.
-(
-	cd "$stage"
-	find . -mindepth 1 | LC_ALL=C sort | cpio --quiet -o -H newc -R 0:0
-) | compress >"$tmp_out"
-# Rename into place so that a concurrent reader never sees a half-written file.
-mv -f "$tmp_out" "$out"
+install_libs "$stage"
+pack "$stage" "$tmp_out" "$out"
 echo "$out"
