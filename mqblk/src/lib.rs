@@ -31,6 +31,7 @@ pub mod blk;
 pub mod config;
 pub mod daemon;
 pub mod engine;
+pub mod format;
 pub mod frontend;
 pub mod io;
 pub(crate) mod log_limit;

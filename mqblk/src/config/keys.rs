@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use super::qcow2::{self, BackingFormat, ImageFormat};
 use super::qos::{limit_key, Bucket, Limit, QosConfig, MAX_BURST_LENGTH, MAX_RATE};
 use super::rbd;
 use super::tuning::PollMode;
@@ -267,6 +268,53 @@ const GENERAL: &[Key] = &[
         EngineKind { "uring" => Uring, "null" => Null, "mem" => Mem, "rbd" => Rbd, "nvme" => Nvme },
         "uring, null, mem, rbd or nvme",
         "`uring`: io_uring on `path` (default); `null`: completes at once, reads give zeros (the null_blk analogue, measures the backend itself); `mem`: RAM disk; `rbd`: a Ceph RBD image through librbd (`pool`, `image`; a build with the `rbd` feature); `nvme`: NVMe commands straight to the namespace's character device `path=/dev/ngXnY` through io_uring passthrough, skipping the host block layer",
+    ),
+    choice_key!(
+        "format",
+        format,
+        ImageFormat { "raw" => Raw, "qcow2" => Qcow2 },
+        "raw or qcow2",
+        "how `path` is laid out: `raw` (default; never probed, so a raw image that starts like a qcow2 header stays raw) or `qcow2` (v2 or v3, with backing chains of raw or qcow2 images; engine=uring)",
+    ),
+    field_key!(
+        "backing",
+        "PATH",
+        qcow2.backing,
+        |v: &str| Some(Some(PathBuf::from(v)).filter(|_| !v.is_empty())),
+        |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()),
+        "a path",
+        "format=qcow2: create a missing `path` as an overlay over this existing image (recorded as given: a relative path is relative to the overlay's directory); needs `backing-format`",
+    ),
+    field_key!(
+        "backing-format",
+        "raw|qcow2",
+        qcow2.backing_format,
+        |v| match v {
+            "raw" => Some(Some(BackingFormat::Raw)),
+            "qcow2" => Some(Some(BackingFormat::Qcow2)),
+            _ => None,
+        },
+        |f: &Option<BackingFormat>| f.map(|f| f.name().to_string()),
+        "raw or qcow2",
+        "format=qcow2: the format of `backing` (required with it; never guessed)",
+    ),
+    field_key!(
+        "cluster-size",
+        "BYTES",
+        qcow2.cluster_size,
+        |v| parse_size(v).filter(|n| qcow2::valid_cluster_size(*n)).map(|n| n as u32),
+        |n: &u32| Some(n.to_string()),
+        "a power of two from 512 to 2M, with optional K/M suffix",
+        "format=qcow2: the cluster size of an image mqblk creates (default 64K, as qemu-img's)",
+    ),
+    field_key!(
+        "l2-cache-size",
+        "BYTES",
+        qcow2.l2_cache_size,
+        |v| parse_size(v).filter(|n| (8..=qcow2::MAX_L2_CACHE_SIZE).contains(n)),
+        |n: &u64| Some(n.to_string()),
+        "from 8 bytes to 1G, with optional K/M/G suffix",
+        "format=qcow2: cluster mapping each I/O thread keeps, in QEMU's measure (8 bytes per cluster; default 4M, which covers 32 GiB at 64 KiB clusters); requests on clusters it does not hold take the slower metadata path",
     ),
     rbd_name_key!(
         "pool",

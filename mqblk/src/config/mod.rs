@@ -6,6 +6,7 @@
 
 pub mod file;
 pub mod keys;
+pub mod qcow2;
 pub mod qos;
 pub mod rbd;
 pub mod tuning;
@@ -16,6 +17,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use file::{config_toml, parse_config_file, write_atomically};
+pub use qcow2::{ImageFormat, Qcow2Config};
 pub use qos::QosConfig;
 pub use rbd::RbdConfig;
 pub use tuning::{PollMode, Tuning};
@@ -165,6 +167,10 @@ pub struct ExportConfig {
     pub qos: Option<QosConfig>,
     /// The RBD image and cluster (engine=rbd).
     pub rbd: RbdConfig,
+    /// How `path` is laid out (engine=uring): raw (the default) or qcow2.
+    pub format: ImageFormat,
+    /// The qcow2 settings (format=qcow2).
+    pub qcow2: Qcow2Config,
 }
 
 impl Default for ExportConfig {
@@ -187,6 +193,8 @@ impl Default for ExportConfig {
             tuning: Tuning::default(),
             qos: None,
             rbd: RbdConfig::default(),
+            format: ImageFormat::Raw,
+            qcow2: Qcow2Config::default(),
         }
     }
 }
@@ -225,6 +233,25 @@ impl ExportConfig {
         })?;
         cfg.check()?;
         Ok(cfg)
+    }
+
+    /// Refuses the first of `names` set to other than its default, saying `why`.
+    fn refuse_keys(&self, names: &[&str], why: &str) -> Result<(), ConfigError> {
+        let default = ExportConfig::default();
+        for name in names {
+            let key = keys::key(name).expect("the names are in the key table");
+            if let Some(value) = key
+                .show(self)
+                .filter(|v| Some(v) != key.show(&default).as_ref())
+            {
+                return Err(ConfigError::Conflict {
+                    key: key.name,
+                    value,
+                    why: why.into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// What no single key can check: required keys and keys that depend on each other.
@@ -269,21 +296,22 @@ impl ExportConfig {
             EngineKind::Rbd => self.rbd.check()?,
             _ => {}
         }
-        if self.engine != EngineKind::Rbd {
-            let default = ExportConfig::default();
-            for name in rbd::KEYS {
-                let key = keys::key(name).expect("rbd keys are in the table");
-                if let Some(value) = key
-                    .show(self)
-                    .filter(|v| Some(v) != key.show(&default).as_ref())
-                {
-                    return Err(ConfigError::Conflict {
-                        key: key.name,
-                        value,
-                        why: "only engine=rbd takes this key".into(),
-                    });
-                }
+        if self.format == ImageFormat::Qcow2 {
+            if self.engine != EngineKind::Uring {
+                return Err(ConfigError::Conflict {
+                    key: "format",
+                    value: "qcow2".into(),
+                    why:
+                        "a qcow2 image is served by engine=uring (a file or block device on path=)"
+                            .into(),
+                });
             }
+            self.qcow2.check()?;
+        } else {
+            self.refuse_keys(qcow2::KEYS, "only format=qcow2 takes this key")?;
+        }
+        if self.engine != EngineKind::Rbd {
+            self.refuse_keys(rbd::KEYS, "only engine=rbd takes this key")?;
         }
         if !self.cpus.is_empty() && self.cpus.len() < self.num_threads() {
             return Err(ConfigError::Invalid {

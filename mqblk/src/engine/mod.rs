@@ -17,17 +17,17 @@ mod null;
 pub mod nvme;
 #[cfg(feature = "rbd")]
 pub mod rbd;
-mod uring;
+pub(crate) mod uring;
 
 use std::io;
 use std::os::fd::RawFd;
 
 use io_uring::squeue;
 
-use crate::config::{EngineKind, ExportConfig};
+use crate::config::{EngineKind, ExportConfig, ImageFormat};
 
 pub use null::NullEngine;
-pub use uring::{blockdev_size, UringEngine};
+pub use uring::{blockdev_size, rw_entry, UringEngine};
 
 /// One operation on the disk. Offsets and lengths are in bytes and already range-checked.
 #[derive(Debug, Clone, Copy)]
@@ -189,6 +189,12 @@ pub enum ResizeError {
         /// The namespace's size.
         actual: u64,
     },
+    /// A qcow2 image only grows while it is served.
+    #[error("a qcow2 image is only grown by mqblk (it is {actual} bytes): shrink it offline with `qemu-img resize --shrink`")]
+    Shrink {
+        /// The image's size.
+        actual: u64,
+    },
     /// The backing store could not be resized or measured.
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -271,6 +277,9 @@ pub enum OpenError {
     /// An NVMe namespace engine=nvme cannot serve (see [`nvme::NvmeError`]).
     #[error(transparent)]
     Nvme(#[from] nvme::NvmeError),
+    /// A qcow2 image mqblk cannot serve (see [`Qcow2Error`](crate::format::qcow2::Qcow2Error)).
+    #[error(transparent)]
+    Qcow2(crate::format::qcow2::Qcow2Error),
     /// An engine this build does not have.
     #[error("engine={0} is not in this build of mqblk: build it with --features {0}")]
     NotBuilt(&'static str),
@@ -292,6 +301,9 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
     Ok(match cfg.engine {
         EngineKind::Null => Box::new(NullEngine::new(size)),
         EngineKind::Mem => Box::new(mem::open(size)?),
+        EngineKind::Uring if cfg.format == ImageFormat::Qcow2 => {
+            Box::new(crate::format::qcow2::open(cfg)?)
+        }
         EngineKind::Uring => {
             let path = cfg
                 .path
@@ -318,7 +330,7 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
 ///
 /// # Safety
 /// For reads and writes, `iovs` must point to `iovcnt` valid iovecs.
-unsafe fn op_bytes(op: &Op) -> u64 {
+pub(crate) unsafe fn op_bytes(op: &Op) -> u64 {
     match *op {
         Op::Read { iovs, iovcnt, .. } | Op::Write { iovs, iovcnt, .. } => {
             // SAFETY: the caller's contract.

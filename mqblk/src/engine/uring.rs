@@ -23,6 +23,14 @@ pub const OPCODES: &[u8] = &[
     opcode::Fallocate::CODE,
 ];
 
+/// The opcodes of the entries [`rw_entry`] builds.
+pub const RW_OPCODES: &[u8] = &[
+    opcode::ReadFixed::CODE,
+    opcode::WriteFixed::CODE,
+    opcode::Readv::CODE,
+    opcode::Writev::CODE,
+];
+
 /// io_uring on a file, block device or memfd.
 pub struct UringEngine {
     file: Arc<File>,
@@ -111,51 +119,8 @@ struct UringChannel {
 impl UringChannel {
     fn entry(&self, op: &Op) -> squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
-        let rw_flags = |sync: bool| if sync { libc::RWF_DSYNC } else { 0 };
         match *op {
-            Op::Read {
-                offset,
-                iovs,
-                iovcnt: 1,
-                buf_index: Some(index),
-            } => {
-                // SAFETY: the iovec array has one element (iovcnt), valid until the operation
-                // completes (the contract of `Op`).
-                let iov = unsafe { *iovs };
-                opcode::ReadFixed::new(fd, iov.iov_base.cast(), iov.iov_len as u32, index)
-                    .offset(offset)
-                    .build()
-            }
-            Op::Write {
-                offset,
-                iovs,
-                iovcnt: 1,
-                sync,
-                buf_index: Some(index),
-            } => {
-                // SAFETY: as for the read above.
-                let iov = unsafe { *iovs };
-                opcode::WriteFixed::new(fd, iov.iov_base.cast(), iov.iov_len as u32, index)
-                    .offset(offset)
-                    .rw_flags(rw_flags(sync))
-                    .build()
-            }
-            Op::Read {
-                offset,
-                iovs,
-                iovcnt,
-                ..
-            } => opcode::Readv::new(fd, iovs, iovcnt).offset(offset).build(),
-            Op::Write {
-                offset,
-                iovs,
-                iovcnt,
-                sync,
-                ..
-            } => opcode::Writev::new(fd, iovs, iovcnt)
-                .offset(offset)
-                .rw_flags(rw_flags(sync))
-                .build(),
+            Op::Read { .. } | Op::Write { .. } => rw_entry(fd.0, op),
             Op::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
@@ -169,6 +134,63 @@ impl UringChannel {
                 fallocate(fd, offset, len, mode)
             }
         }
+    }
+}
+
+/// The ring entry for a read or write `op` on `fd` at the op's offset: a fixed-buffer entry
+/// when the op names a registered buffer, a vectored one otherwise; a write asks for
+/// write-through with `RWF_DSYNC` when the op is `sync`.
+///
+/// # Panics
+/// On an op other than a read or write.
+pub fn rw_entry(fd: RawFd, op: &Op) -> squeue::Entry {
+    let fd = types::Fd(fd);
+    let rw_flags = |sync: bool| if sync { libc::RWF_DSYNC } else { 0 };
+    match *op {
+        Op::Read {
+            offset,
+            iovs,
+            iovcnt: 1,
+            buf_index: Some(index),
+        } => {
+            // SAFETY: the iovec array has one element (iovcnt), valid until the operation
+            // completes (the contract of `Op`).
+            let iov = unsafe { *iovs };
+            opcode::ReadFixed::new(fd, iov.iov_base.cast(), iov.iov_len as u32, index)
+                .offset(offset)
+                .build()
+        }
+        Op::Write {
+            offset,
+            iovs,
+            iovcnt: 1,
+            sync,
+            buf_index: Some(index),
+        } => {
+            // SAFETY: as for the read above.
+            let iov = unsafe { *iovs };
+            opcode::WriteFixed::new(fd, iov.iov_base.cast(), iov.iov_len as u32, index)
+                .offset(offset)
+                .rw_flags(rw_flags(sync))
+                .build()
+        }
+        Op::Read {
+            offset,
+            iovs,
+            iovcnt,
+            ..
+        } => opcode::Readv::new(fd, iovs, iovcnt).offset(offset).build(),
+        Op::Write {
+            offset,
+            iovs,
+            iovcnt,
+            sync,
+            ..
+        } => opcode::Writev::new(fd, iovs, iovcnt)
+            .offset(offset)
+            .rw_flags(rw_flags(sync))
+            .build(),
+        _ => unreachable!("rw_entry takes reads and writes"),
     }
 }
 
@@ -224,7 +246,7 @@ pub fn blockdev_size(file: &File) -> io::Result<u64> {
 struct DirectBuf([u8; 4096]);
 
 /// Finds the smallest block size (512 or 4096) that O_DIRECT accepts on `file`.
-fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
+pub(crate) fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
     let mut buf = Box::new(DirectBuf([0; 4096]));
     for bs in [512usize, 4096] {
         if bs as u64 > capacity {

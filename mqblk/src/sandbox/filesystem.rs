@@ -21,7 +21,9 @@ use landlock::{
 };
 
 use super::{Error, Needs};
-use crate::config::{EngineKind, ExportConfig};
+use crate::config::qcow2::BackingFormat;
+use crate::config::{EngineKind, ExportConfig, ImageFormat};
+use crate::format::qcow2;
 
 /// The Landlock ABI whose rights the sandbox handles.
 const ABI_HANDLED: ABI = ABI::V5;
@@ -224,6 +226,9 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
                     "the directory of the export's image",
                 )),
             }
+            if cfg.format == ImageFormat::Qcow2 {
+                out.extend(backing_grants(cfg, image));
+            }
         }
         EngineKind::Rbd => {
             for (file, what) in [
@@ -242,6 +247,40 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
         EngineKind::Null | EngineKind::Mem => {}
     }
     out
+}
+
+/// Read access to every image under the qcow2 image `image`: its backing chain as recorded,
+/// or, for an overlay mqblk is to create, the chain of `backing=`. A chain that cannot be
+/// resolved grants nothing (opening the export then fails with what is wrong with it).
+fn backing_grants(cfg: &ExportConfig, image: &Path) -> Vec<Grant> {
+    let paths = |top: &Path, skip: usize| -> Vec<PathBuf> {
+        qcow2::header::chain(top)
+            .map(|layers| layers.into_iter().skip(skip).map(|l| l.path).collect())
+            .unwrap_or_default()
+    };
+    let layers = if image.exists() {
+        paths(image, 1)
+    } else {
+        match (&cfg.qcow2.backing, cfg.qcow2.backing_format) {
+            (Some(name), Some(format)) => {
+                let path = image.parent().unwrap_or(Path::new(".")).join(name);
+                match format {
+                    BackingFormat::Raw => vec![path],
+                    BackingFormat::Qcow2 => paths(&path, 0),
+                }
+            }
+            _ => Vec::new(),
+        }
+    };
+    layers
+        .into_iter()
+        .filter_map(|l| l.canonicalize().ok())
+        .map(|path| Grant {
+            path,
+            access: READ_ONLY,
+            what: "a backing image of the export's image",
+        })
+        .collect()
 }
 
 /// `access` in the directory holding `path` (absolute, links resolved); nothing if that

@@ -1,0 +1,101 @@
+//! An export's image format (`format=`) and the settings only a qcow2 image takes: the backing
+//! image of a new overlay, the cluster size of a new image, and how much of the cluster mapping
+//! each I/O thread keeps. The names follow qemu-img and QEMU's qcow2 driver (`backing_file`,
+//! `cluster_size`, `l2-cache-size`), so an operator's numbers carry over.
+
+use std::path::PathBuf;
+
+use super::ConfigError;
+
+/// How the bytes of `path` are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageFormat {
+    /// The file or device is the disk, byte for byte (the default). Never probed: a raw image
+    /// whose first bytes look like a qcow2 header stays raw, as QEMU's `format=raw` does.
+    #[default]
+    Raw,
+    /// A qcow2 image (v2 or v3), possibly an overlay over a backing chain.
+    Qcow2,
+}
+
+/// The format of a backing image named by `backing-format=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackingFormat {
+    /// A raw file or device.
+    Raw,
+    /// A qcow2 image (with its own backing chain, if it has one).
+    Qcow2,
+}
+
+impl BackingFormat {
+    /// The name qcow2 headers record (the backing format header extension).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackingFormat::Raw => "raw",
+            BackingFormat::Qcow2 => "qcow2",
+        }
+    }
+}
+
+/// A new image's cluster size unless `cluster-size=` says otherwise (qemu-img's default).
+pub const DEFAULT_CLUSTER_SIZE: u32 = 64 << 10;
+
+/// The smallest and largest cluster sizes qcow2 allows.
+pub const CLUSTER_SIZES: (u32, u32) = (512, 2 << 20);
+
+/// `l2-cache-size=` unless given: 4 MiB of mapping entries (8 bytes per cluster, QEMU's
+/// measure), which covers a 32 GiB image at 64 KiB clusters. Each I/O thread sizes its cache
+/// to the image, so a smaller image takes less.
+pub const DEFAULT_L2_CACHE_SIZE: u64 = 4 << 20;
+
+/// The largest `l2-cache-size=` (1 GiB: 128 Ki clusters of mapping per MiB).
+pub const MAX_L2_CACHE_SIZE: u64 = 1 << 30;
+
+/// The qcow2 settings of an export (`format=qcow2`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qcow2Config {
+    /// Create the image, when `path` does not exist, as an overlay over this image.
+    pub backing: Option<PathBuf>,
+    /// The format of `backing` (required with it: the backing image is never probed).
+    pub backing_format: Option<BackingFormat>,
+    /// Cluster size in bytes of an image mqblk creates.
+    pub cluster_size: u32,
+    /// Bytes of cluster mapping each I/O thread caches (8 bytes per cluster).
+    pub l2_cache_size: u64,
+}
+
+impl Default for Qcow2Config {
+    fn default() -> Self {
+        Qcow2Config {
+            backing: None,
+            backing_format: None,
+            cluster_size: DEFAULT_CLUSTER_SIZE,
+            l2_cache_size: DEFAULT_L2_CACHE_SIZE,
+        }
+    }
+}
+
+/// The names of the keys that only `format=qcow2` takes.
+pub const KEYS: &[&str] = &["backing", "backing-format", "cluster-size", "l2-cache-size"];
+
+/// Whether `n` is a cluster size qcow2 allows.
+pub fn valid_cluster_size(n: u64) -> bool {
+    n.is_power_of_two() && (u64::from(CLUSTER_SIZES.0)..=u64::from(CLUSTER_SIZES.1)).contains(&n)
+}
+
+impl Qcow2Config {
+    /// What the keys of a qcow2 export require of each other.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        match (&self.backing, self.backing_format) {
+            (Some(_), None) => Err(ConfigError::Required(
+                "backing-format=raw|qcow2 is required with backing= (mqblk does not guess a \
+                 backing image's format)",
+            )),
+            (None, Some(_)) => Err(ConfigError::Required(
+                "backing-format= is given without backing=PATH (the image the new overlay is \
+                 created over)",
+            )),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! One I/O thread's way to a qcow2 export: its ring for what its mapping cache holds, the
+//! metadata workers for the rest.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use super::image::Image;
+use super::mapping::MappingCache;
+use super::metadata::{self, IoVecs, Job, Replies, Reply, Work};
+use crate::engine::{self, Channel, Op, Started};
+
+/// A thread's mapping cache, its line to the workers and its reply queue.
+pub struct Qcow2Channel {
+    pub(super) image: Arc<Image>,
+    pub(super) jobs: Sender<Job>,
+    pub(super) replies: Arc<Replies>,
+    pub(super) cache: MappingCache,
+    /// The image's epoch the cache is true for.
+    pub(super) epoch: u64,
+    /// Reaped replies, kept to reuse the allocation.
+    pub(super) reaped: Vec<Reply>,
+}
+
+impl Qcow2Channel {
+    /// Brings the cache up to the image's epoch: forgets what invalidations since made stale.
+    #[inline]
+    fn catch_up(&mut self) {
+        let now = self.image.epoch.load(Ordering::Acquire);
+        if now == self.epoch {
+            return;
+        }
+        match metadata::invalidations_since(&self.image, self.epoch) {
+            Some(list) => {
+                for i in list.iter().filter(|i| i.epoch <= now) {
+                    self.cache.invalidate(i.offset, i.len);
+                }
+            }
+            None => self.cache.clear(),
+        }
+        self.epoch = now;
+    }
+
+    fn to_workers(&self, work: Work, token: u64) -> Started {
+        let job = Job {
+            work,
+            token,
+            replies: self.replies.clone(),
+        };
+        match self.jobs.send(job) {
+            Ok(()) => Started::Pending,
+            // The workers are gone only while the export shuts down.
+            Err(_) => Started::Done(-libc::EIO),
+        }
+    }
+}
+
+impl Channel for Qcow2Channel {
+    unsafe fn start(&mut self, op: &Op, token: u64) -> Started {
+        self.catch_up();
+        match *op {
+            Op::Read {
+                offset,
+                iovs,
+                iovcnt,
+                ..
+            }
+            | Op::Write {
+                offset,
+                iovs,
+                iovcnt,
+                ..
+            } => {
+                // SAFETY: the caller's contract: `iovcnt` valid iovecs.
+                let len = unsafe { engine::op_bytes(op) };
+                if let Some(host) = self.cache.lookup(offset, len) {
+                    let at_host = match *op {
+                        Op::Read {
+                            iovs,
+                            iovcnt,
+                            buf_index,
+                            ..
+                        } => Op::Read {
+                            offset: host,
+                            iovs,
+                            iovcnt,
+                            buf_index,
+                        },
+                        Op::Write {
+                            iovs,
+                            iovcnt,
+                            sync,
+                            buf_index,
+                            ..
+                        } => Op::Write {
+                            offset: host,
+                            iovs,
+                            iovcnt,
+                            sync,
+                            buf_index,
+                        },
+                        _ => unreachable!("a read or a write"),
+                    };
+                    return Started::Ring(engine::rw_entry(self.image.file.as_raw_fd(), &at_host));
+                }
+                let iovs = IoVecs {
+                    ptr: iovs,
+                    count: iovcnt,
+                };
+                let work = match *op {
+                    Op::Write { sync, .. } => Work::Write { offset, iovs, sync },
+                    _ => Work::Read { offset, iovs },
+                };
+                self.to_workers(work, token)
+            }
+            Op::Flush => self.to_workers(Work::Flush, token),
+            Op::Discard { offset, len } => self.to_workers(
+                Work::Zero {
+                    offset,
+                    len,
+                    unmap: true,
+                },
+                token,
+            ),
+            Op::WriteZeroes { offset, len, unmap } => {
+                self.to_workers(Work::Zero { offset, len, unmap }, token)
+            }
+        }
+    }
+
+    fn file_fd(&self) -> Option<RawFd> {
+        Some(self.image.file.as_raw_fd())
+    }
+
+    fn completion_fd(&self) -> Option<RawFd> {
+        Some(metadata::event_fd(&self.replies))
+    }
+
+    fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
+        // Reset the eventfd first: a reply queued after this read writes it again.
+        let _ = rustix::io::read(&self.replies.event, &mut [0u8; 8]);
+        std::mem::swap(
+            &mut *self.replies.done.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut self.reaped,
+        );
+        self.catch_up();
+        for reply in self.reaped.drain(..) {
+            // Hints read before the latest invalidation may be stale: dropped.
+            if reply.epoch == self.epoch {
+                for h in &reply.hints {
+                    self.cache.insert(h.guest, h.host, h.len);
+                }
+            }
+            done(reply.token, reply.result);
+        }
+    }
+}

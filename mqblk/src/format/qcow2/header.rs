@@ -1,0 +1,401 @@
+//! Reading a qcow2 header before the image is opened, and walking its backing chain.
+//!
+//! imago opens images itself; this file exists so that an image mqblk must not serve is refused
+//! with one line an operator can act on, before any library touches it: an image left dirty or
+//! marked corrupt names the `qemu-img check -r all` that repairs it, a feature mqblk cannot
+//! serve is named, and a backing chain that is missing a file or loops is described link by
+//! link. The layout is `docs/interop/qcow2.txt` in QEMU (all fields big-endian).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::Qcow2Error;
+use crate::config::qcow2::BackingFormat;
+
+/// "QFI\xfb".
+pub const MAGIC: u32 = 0x5146_49fb;
+
+/// Header extension: the backing file's format name.
+const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
+/// Header extension: the end of the extensions.
+const EXT_END: u32 = 0;
+
+/// The incompatible feature bits (header offset 72, version 3) and what each means for mqblk.
+const DIRTY: u32 = 0;
+const CORRUPT: u32 = 1;
+/// Names of the incompatible features this file knows but mqblk does not serve.
+const UNSERVED: &[(u32, &str)] = &[
+    (2, "external data file"),
+    (3, "compression type other than zlib"),
+    (4, "extended L2 entries (subclusters)"),
+];
+
+/// How much of an image's start is read: the header and its extensions fit in its first
+/// cluster, which is at least 512 bytes; a longer backing name is read on its own.
+const HEAD_BYTES: usize = 64 << 10;
+
+/// What mqblk needs from a qcow2 header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// 2 or 3.
+    pub version: u32,
+    /// log2 of the cluster size.
+    pub cluster_bits: u32,
+    /// Virtual disk size in bytes.
+    pub size: u64,
+    /// The backing file as recorded, if there is one.
+    pub backing: Option<String>,
+    /// The backing format as recorded (the header extension), if it is.
+    pub backing_format: Option<String>,
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Whether `head` (an image's first bytes) starts with the qcow2 magic.
+pub fn is_qcow2(head: &[u8]) -> bool {
+    head.len() >= 4 && be32(head, 0) == MAGIC
+}
+
+/// Parses the header in `head` (the image's first bytes) of the image `path` (for messages),
+/// refusing what mqblk does not serve.
+pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
+    let bad = |why: String| Qcow2Error::BadHeader {
+        path: path.display().to_string(),
+        why,
+    };
+    if head.len() < 72 || !is_qcow2(head) {
+        return Err(bad("it does not start with a qcow2 header".into()));
+    }
+    let version = be32(head, 4);
+    if version != 2 && version != 3 {
+        return Err(bad(format!("qcow2 version {version} (2 and 3 are served)")));
+    }
+    let cluster_bits = be32(head, 20);
+    if !(9..=21).contains(&cluster_bits) {
+        return Err(bad(format!(
+            "cluster_bits {cluster_bits} is outside 9..=21"
+        )));
+    }
+    if be32(head, 32) != 0 {
+        return Err(Qcow2Error::Encrypted(path.display().to_string()));
+    }
+    let mut ext_start = 72usize;
+    if version == 3 {
+        if head.len() < 104 {
+            return Err(bad("the version 3 header is cut short".into()));
+        }
+        check_incompatible(path, be64(head, 72))?;
+        let header_length = be32(head, 100) as usize;
+        if header_length < 104 || header_length > head.len() {
+            return Err(bad(format!("header_length {header_length}")));
+        }
+        ext_start = header_length.next_multiple_of(8);
+    }
+    let backing_offset = be64(head, 8);
+    let backing_len = be32(head, 16) as usize;
+    let backing = if backing_offset == 0 {
+        None
+    } else {
+        let start = usize::try_from(backing_offset)
+            .ok()
+            .filter(|&s| backing_len <= 1023 && s.saturating_add(backing_len) <= head.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "backing file name at {backing_offset}, {backing_len} bytes"
+                ))
+            })?;
+        let name = std::str::from_utf8(&head[start..start + backing_len])
+            .map_err(|_| bad("the backing file name is not UTF-8".into()))?;
+        Some(name.to_string())
+    };
+    Ok(Header {
+        version,
+        cluster_bits,
+        size: be64(head, 24),
+        backing,
+        backing_format: backing_format_ext(head, ext_start),
+    })
+}
+
+/// Refuses an image whose incompatible feature bits mqblk cannot honour.
+fn check_incompatible(path: &Path, bits: u64) -> Result<(), Qcow2Error> {
+    let shown = || path.display().to_string();
+    if bits & (1 << CORRUPT) != 0 {
+        return Err(Qcow2Error::Corrupt(shown()));
+    }
+    if bits & (1 << DIRTY) != 0 {
+        return Err(Qcow2Error::Dirty(shown()));
+    }
+    for bit in 2..64 {
+        if bits & (1 << bit) == 0 {
+            continue;
+        }
+        let feature = UNSERVED.iter().find(|(b, _)| *b == bit).map_or_else(
+            || format!("unknown incompatible feature bit {bit}"),
+            |(_, n)| (*n).into(),
+        );
+        return Err(Qcow2Error::Unserved {
+            path: shown(),
+            feature,
+        });
+    }
+    Ok(())
+}
+
+/// The backing format extension's value, if the extensions from `at` hold one.
+fn backing_format_ext(head: &[u8], mut at: usize) -> Option<String> {
+    while at + 8 <= head.len() {
+        let (kind, len) = (be32(head, at), be32(head, at + 4) as usize);
+        let data = head.get(at + 8..at + 8 + len)?;
+        match kind {
+            EXT_END => return None,
+            EXT_BACKING_FORMAT => return std::str::from_utf8(data).ok().map(str::to_string),
+            _ => at += 8 + len.next_multiple_of(8),
+        }
+    }
+    None
+}
+
+/// Reads up to [`HEAD_BYTES`] from the start of `path`.
+pub fn read_head(path: &Path) -> Result<Vec<u8>, Qcow2Error> {
+    let io = |what, err| Qcow2Error::Io {
+        what,
+        path: path.display().to_string(),
+        err,
+    };
+    let f = File::open(path).map_err(|e| io("cannot open", e))?;
+    let mut head = Vec::with_capacity(HEAD_BYTES);
+    f.take(HEAD_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| io("cannot read", e))?;
+    Ok(head)
+}
+
+/// One image of a chain, from the top (the served image) down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layer {
+    /// Where it is, as opened.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: BackingFormat,
+}
+
+/// The chain under the qcow2 image `top`, `top` first: each backing file resolved as QEMU does
+/// (a relative name is relative to the directory of the image that records it), each format
+/// as recorded or, where an old image records none, by the magic (as QEMU probes it then).
+/// A missing backing file, a name that is not a plain path, and a loop are refused.
+pub fn chain(top: &Path) -> Result<Vec<Layer>, Qcow2Error> {
+    let mut layers = vec![Layer {
+        path: top.to_path_buf(),
+        format: BackingFormat::Qcow2,
+    }];
+    let mut seen = HashSet::new();
+    seen.insert(canonical(top)?);
+    loop {
+        let current = layers.last().expect("the top is there");
+        if current.format == BackingFormat::Raw {
+            return Ok(layers);
+        }
+        let header = parse(&current.path, &read_head(&current.path)?)?;
+        let Some(name) = header.backing else {
+            return Ok(layers);
+        };
+        let image = current.path.display().to_string();
+        if name.contains(':') && !Path::new(&name).exists() {
+            return Err(Qcow2Error::BackingNotAPath {
+                image,
+                backing: name,
+            });
+        }
+        let path = match Path::new(&name) {
+            p if p.is_absolute() => p.to_path_buf(),
+            p => current.path.parent().unwrap_or(Path::new(".")).join(p),
+        };
+        if !path.exists() {
+            return Err(Qcow2Error::MissingBacking {
+                image,
+                backing: path.display().to_string(),
+            });
+        }
+        if !seen.insert(canonical(&path)?) {
+            let mut links: Vec<String> = layers
+                .iter()
+                .map(|l| l.path.display().to_string())
+                .collect();
+            links.push(path.display().to_string());
+            return Err(Qcow2Error::BackingLoop(links.join(" -> ")));
+        }
+        let format = match header.backing_format.as_deref() {
+            Some("raw") => BackingFormat::Raw,
+            Some("qcow2") => BackingFormat::Qcow2,
+            Some(other) => {
+                return Err(Qcow2Error::BackingFormat {
+                    image,
+                    format: other.to_string(),
+                })
+            }
+            None if is_qcow2(&read_head(&path)?) => BackingFormat::Qcow2,
+            None => BackingFormat::Raw,
+        };
+        layers.push(Layer { path, format });
+    }
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, Qcow2Error> {
+    path.canonicalize().map_err(|err| Qcow2Error::Io {
+        what: "cannot resolve",
+        path: path.display().to_string(),
+        err,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version 3 header of `size` bytes with 64 KiB clusters, `incompat` bits, and an
+    /// optional backing file (name, format extension).
+    fn v3(size: u64, incompat: u64, backing: Option<(&str, Option<&str>)>) -> Vec<u8> {
+        let mut h = vec![0u8; 4096];
+        h[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+        h[4..8].copy_from_slice(&3u32.to_be_bytes());
+        h[20..24].copy_from_slice(&16u32.to_be_bytes());
+        h[24..32].copy_from_slice(&size.to_be_bytes());
+        h[72..80].copy_from_slice(&incompat.to_be_bytes());
+        h[96..100].copy_from_slice(&4u32.to_be_bytes());
+        h[100..104].copy_from_slice(&104u32.to_be_bytes());
+        let mut at = 104;
+        if let Some((name, format)) = backing {
+            if let Some(f) = format {
+                h[at..at + 4].copy_from_slice(&EXT_BACKING_FORMAT.to_be_bytes());
+                h[at + 4..at + 8].copy_from_slice(&(f.len() as u32).to_be_bytes());
+                h[at + 8..at + 8 + f.len()].copy_from_slice(f.as_bytes());
+                at += 8 + f.len().next_multiple_of(8);
+            }
+            at += 8; // the end extension (zeroes)
+            h[8..16].copy_from_slice(&(at as u64).to_be_bytes());
+            h[16..20].copy_from_slice(&(name.len() as u32).to_be_bytes());
+            h[at..at + name.len()].copy_from_slice(name.as_bytes());
+        }
+        h
+    }
+
+    #[test]
+    fn a_plain_header_parses() {
+        let h = parse(
+            Path::new("a.qcow2"),
+            &v3(1 << 30, 0, Some(("b.raw", Some("raw")))),
+        )
+        .unwrap();
+        assert_eq!(
+            h,
+            Header {
+                version: 3,
+                cluster_bits: 16,
+                size: 1 << 30,
+                backing: Some("b.raw".into()),
+                backing_format: Some("raw".into()),
+            }
+        );
+        let h = parse(Path::new("a.qcow2"), &v3(4096, 0, None)).unwrap();
+        assert_eq!((h.backing, h.backing_format), (None, None));
+    }
+
+    #[test]
+    fn flags_are_refused_with_the_repair_to_run() {
+        let p = Path::new("/img/a.qcow2");
+        let e = parse(p, &v3(4096, 1, None)).unwrap_err().to_string();
+        assert!(
+            e.contains("dirty") && e.contains("qemu-img check -r all /img/a.qcow2"),
+            "{e}"
+        );
+        let e = parse(p, &v3(4096, 2, None)).unwrap_err().to_string();
+        assert!(
+            e.contains("corrupt") && e.contains("qemu-img check -r all"),
+            "{e}"
+        );
+        let e = parse(p, &v3(4096, 1 << 4, None)).unwrap_err().to_string();
+        assert!(e.contains("extended L2"), "{e}");
+        let e = parse(p, &v3(4096, 1 << 40, None)).unwrap_err().to_string();
+        assert!(e.contains("unknown incompatible feature bit 40"), "{e}");
+        let mut enc = v3(4096, 0, None);
+        enc[35] = 1;
+        let e = parse(p, &enc).unwrap_err().to_string();
+        assert!(e.contains("encrypted"), "{e}");
+        let e = parse(
+            p,
+            b"not a qcow2 image at all, just some bytes in a raw file.......................",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("does not start with a qcow2 header"), "{e}");
+    }
+
+    #[test]
+    fn chains_resolve_relative_names_and_refuse_loops_and_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("base.raw"), vec![0u8; 4096]).unwrap();
+        std::fs::write(
+            d.join("mid.qcow2"),
+            v3(4096, 0, Some(("base.raw", Some("raw")))),
+        )
+        .unwrap();
+        // No format recorded: probed by magic, as QEMU does for old images.
+        std::fs::write(d.join("top.qcow2"), v3(4096, 0, Some(("mid.qcow2", None)))).unwrap();
+        let c = chain(&d.join("top.qcow2")).unwrap();
+        let formats: Vec<_> = c.iter().map(|l| l.format).collect();
+        assert_eq!(
+            formats,
+            [
+                BackingFormat::Qcow2,
+                BackingFormat::Qcow2,
+                BackingFormat::Raw
+            ]
+        );
+        assert_eq!(c[2].path, d.join("base.raw"));
+
+        std::fs::write(
+            d.join("hole.qcow2"),
+            v3(4096, 0, Some(("gone.raw", Some("raw")))),
+        )
+        .unwrap();
+        let e = chain(&d.join("hole.qcow2")).unwrap_err().to_string();
+        assert!(
+            e.contains("gone.raw") && e.contains("does not exist"),
+            "{e}"
+        );
+
+        std::fs::write(
+            d.join("x.qcow2"),
+            v3(4096, 0, Some(("y.qcow2", Some("qcow2")))),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("y.qcow2"),
+            v3(4096, 0, Some(("x.qcow2", Some("qcow2")))),
+        )
+        .unwrap();
+        let e = chain(&d.join("x.qcow2")).unwrap_err().to_string();
+        assert!(
+            e.contains("loops") && e.contains("x.qcow2 -> ") && e.contains("y.qcow2"),
+            "{e}"
+        );
+
+        std::fs::write(
+            d.join("vmdk.qcow2"),
+            v3(4096, 0, Some(("base.raw", Some("vmdk")))),
+        )
+        .unwrap();
+        let e = chain(&d.join("vmdk.qcow2")).unwrap_err().to_string();
+        assert!(e.contains("vmdk"), "{e}");
+    }
+}

@@ -1,0 +1,222 @@
+//! Creating a qcow2 image or overlay, and opening one with its backing chain through imago.
+//!
+//! The chain is opened explicitly, bottom up, each layer a file mqblk opened itself
+//! ([`header::chain`] resolved and checked it first), and imago is told never to open anything
+//! on its own (`DenyImplicitOpenGate`): what is served is exactly what was checked, and every
+//! file is opened before the sandbox closes the filesystem. Backing images are opened
+//! read-only and are never written.
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, RwLock};
+
+use imago::file::File as ImagoFile;
+use imago::qcow2::Qcow2;
+use imago::raw::Raw;
+use imago::{
+    DenyImplicitOpenGate, FormatAccess, FormatCreateBuilder, FormatDriverBuilder,
+    StorageOpenOptions,
+};
+
+use super::header::{self, Layer};
+use super::Qcow2Error;
+use crate::config::qcow2::{BackingFormat, Qcow2Config};
+
+/// A qcow2 image through imago, as a library caller sees it.
+pub type Access = FormatAccess<ImagoFile>;
+
+/// One range whose cached mappings were made stale, and the epoch that made them so.
+#[derive(Debug, Clone, Copy)]
+pub struct Invalidation {
+    /// The epoch this invalidation began.
+    pub epoch: u64,
+    /// Guest byte offset.
+    pub offset: u64,
+    /// Guest byte length.
+    pub len: u64,
+}
+
+/// How many invalidations are remembered; a thread that missed more forgets its whole cache.
+pub const INVALIDATIONS_KEPT: usize = 64;
+
+/// An open qcow2 export: the image through imago (for metadata and the slow path), the top
+/// file for the I/O threads' rings, and what keeps their mapping caches true.
+pub struct Image {
+    /// The image, through imago.
+    pub access: Access,
+    /// The top image file, opened as imago's is (same flags), for the I/O threads' rings.
+    pub file: std::fs::File,
+    /// log2 of the cluster size.
+    pub cluster_bits: u32,
+    /// Bumped (after the metadata changed, before the request that changed it completes)
+    /// whenever a mapping a thread may have cached stops being true.
+    pub epoch: AtomicU64,
+    /// The last [`INVALIDATIONS_KEPT`] invalidations, oldest first.
+    pub invalidations: Mutex<VecDeque<Invalidation>>,
+    /// Held shared by each write on the metadata path for as long as it runs (through its
+    /// flush, in write-through mode), exclusively while mappings are read out for the threads'
+    /// caches: a thread is never told of a cluster whose allocation is still under way.
+    pub allocating: RwLock<()>,
+    /// A write on the metadata path allocated since the last flush: the next flush syncs the
+    /// data before imago writes the metadata that points at it.
+    pub allocated_since_flush: AtomicBool,
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Qcow2Error {
+    let path = path.display().to_string();
+    move |err| Qcow2Error::Io { what, path, err }
+}
+
+/// Opens `path` for imago and for the rings alike: read-write unless `writable` is false, with
+/// O_DIRECT if `direct`.
+fn open_file(path: &Path, writable: bool, direct: bool) -> Result<std::fs::File, Qcow2Error> {
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(writable);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    opts.open(path).map_err(|err| match err.raw_os_error() {
+        Some(libc::EINVAL) if direct => Qcow2Error::DirectRefused(path.display().to_string()),
+        _ => io_err("cannot open", path)(err),
+    })
+}
+
+fn imago_file(
+    file: std::fs::File,
+    path: &Path,
+    writable: bool,
+    direct: bool,
+) -> Result<ImagoFile, Qcow2Error> {
+    let opts = StorageOpenOptions::new()
+        .filename(path)
+        .write(writable)
+        .direct(direct);
+    ImagoFile::from_open_file(file, opts).map_err(io_err("cannot use", path))
+}
+
+/// Opens one read-only layer of a backing chain over `below`.
+fn open_backing(layer: &Layer, below: Option<Access>, direct: bool) -> Result<Access, Qcow2Error> {
+    let file = imago_file(
+        open_file(&layer.path, false, direct)?,
+        &layer.path,
+        false,
+        direct,
+    )?;
+    let gate = DenyImplicitOpenGate::default();
+    let opened = match layer.format {
+        BackingFormat::Raw => Raw::builder(file)
+            .write(false)
+            .open(gate)
+            .map(FormatAccess::new),
+        BackingFormat::Qcow2 => Qcow2::builder(file)
+            .backing(below)
+            .data_file(None)
+            .write(false)
+            .open(gate)
+            .map(FormatAccess::new),
+    };
+    opened.map_err(io_err("cannot open the backing image", &layer.path))
+}
+
+/// Opens the qcow2 image at `path` (which must exist) with its chain.
+pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Error> {
+    let top = header::parse(path, &header::read_head(path)?)?;
+    let layers = header::chain(path)?;
+    let mut below = None;
+    for layer in layers[1..].iter().rev() {
+        below = Some(open_backing(layer, below.take(), direct)?);
+    }
+    let writable = !readonly;
+    let file = open_file(path, writable, direct)?;
+    let ring_file = file.try_clone().map_err(io_err("cannot duplicate", path))?;
+    let qcow2 = Qcow2::builder(imago_file(file, path, writable, direct)?)
+        .backing(below)
+        .data_file(None)
+        .write(writable)
+        .open(DenyImplicitOpenGate::default())
+        .map_err(io_err("cannot open the qcow2 image", path))?;
+    Ok(Image {
+        access: FormatAccess::new(qcow2),
+        file: ring_file,
+        cluster_bits: top.cluster_bits,
+        epoch: AtomicU64::new(0),
+        invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
+        allocating: RwLock::new(()),
+        allocated_since_flush: AtomicBool::new(false),
+    })
+}
+
+/// The virtual size of `layer`: a raw file's length, a qcow2 image's header size.
+fn virtual_size(path: &Path, format: BackingFormat) -> Result<u64, Qcow2Error> {
+    match format {
+        BackingFormat::Raw => Ok(std::fs::metadata(path)
+            .map_err(io_err("cannot stat", path))?
+            .len()),
+        BackingFormat::Qcow2 => Ok(header::parse(path, &header::read_head(path)?)?.size),
+    }
+}
+
+/// Creates the qcow2 image `path`, which must not exist: `size` bytes (with `backing`, the
+/// backing image's size unless given), clusters of `cfg.cluster_size`, over `cfg.backing` if
+/// given. Returns its size.
+pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, Qcow2Error> {
+    let backing = match (&cfg.backing, cfg.backing_format) {
+        (Some(name), Some(format)) => {
+            // Recorded as given: a relative name is relative to the overlay's directory.
+            let resolved = match name.is_absolute() {
+                true => name.clone(),
+                false => path.parent().unwrap_or(Path::new(".")).join(name),
+            };
+            if !resolved.exists() {
+                return Err(Qcow2Error::MissingBacking {
+                    image: path.display().to_string(),
+                    backing: resolved.display().to_string(),
+                });
+            }
+            Some((name.display().to_string(), format, resolved))
+        }
+        _ => None,
+    };
+    let size = match (size, &backing) {
+        (Some(s), _) => s,
+        (None, Some((_, format, resolved))) => virtual_size(resolved, *format)?,
+        (None, None) => return Err(Qcow2Error::SizeNeeded(path.display().to_string())),
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(io_err("cannot create", path))?;
+    let mut builder = Qcow2::<ImagoFile>::create_builder(imago_file(file, path, true, false)?)
+        .size(size)
+        .cluster_size(cfg.cluster_size as usize);
+    if let Some((name, format, _)) = backing {
+        builder = builder.backing(name, format.name().to_string());
+    }
+    if let Err(e) = builder.create() {
+        let _ = std::fs::remove_file(path);
+        return Err(io_err("cannot create", path)(e));
+    }
+    Ok(size)
+}
+
+/// Refuses `backing=` on an image that exists with another backing file (or none): mqblk
+/// creates overlays, it does not rebase them.
+pub fn check_backing(path: &Path, cfg: &Qcow2Config) -> Result<(), Qcow2Error> {
+    let Some(wanted) = &cfg.backing else {
+        return Ok(());
+    };
+    let recorded = header::parse(path, &header::read_head(path)?)?.backing;
+    if recorded.as_deref() != Some(&*wanted.display().to_string()) {
+        return Err(Qcow2Error::BackingDiffers {
+            image: path.display().to_string(),
+            given: wanted.display().to_string(),
+            recorded: recorded.unwrap_or_else(|| "none".into()),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,339 @@
+//! The metadata path: what an I/O thread's mapping cache cannot serve, done by a few workers
+//! per export through imago, off the I/O threads.
+//!
+//! An I/O thread hands a request here when its clusters are not all in its cache: a read of a
+//! backing image, an unallocated, zero or compressed cluster, an allocating write (with its
+//! copy-on-write from the backing image), a flush, a discard or a write-zeroes. A worker does
+//! it with imago's blocking calls (the workers are not I/O threads: no queue waits on one),
+//! then answers on the thread's reply queue and eventfd, which the thread's ring polls, with
+//! the mappings the thread may cache from then on. imago serializes what must be serialized
+//! (allocation, its L2 and refcount caches); several workers keep backing reads and
+//! independent allocations going in parallel.
+//!
+//! Ordering on flush is QEMU's: data written into newly allocated clusters is synced before
+//! imago writes back the L2 tables that point at it (its caches write refcounts before L2
+//! tables), then everything is synced.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use imago::io_buffers::{IoVector, IoVectorMut};
+use imago::Mapping;
+
+use super::image::{Image, Invalidation, INVALIDATIONS_KEPT};
+
+/// Clusters around a miss whose mappings a reply carries (a 32 MiB window at 64 KiB clusters):
+/// one trip warms the cache for the neighbourhood, not one cluster.
+const HINT_WINDOW_CLUSTERS: u64 = 512;
+
+/// Guest iovecs handed from an I/O thread to a worker.
+pub struct IoVecs {
+    /// The array; valid, with the memory it describes, until the request completes.
+    pub ptr: *const libc::iovec,
+    /// Its length.
+    pub count: u32,
+}
+
+// SAFETY: the iovecs and the guest memory they describe stay valid until the request's reply
+// is reaped (the `Channel::start` contract); the worker is the only one touching them until
+// then, and the memory is shared memory of the process, valid from any thread.
+unsafe impl Send for IoVecs {}
+
+/// What a worker is asked to do.
+pub enum Work {
+    /// Read into the iovecs at a guest offset.
+    Read { offset: u64, iovs: IoVecs },
+    /// Write the iovecs at a guest offset, durably before completion if `sync`.
+    Write {
+        offset: u64,
+        iovs: IoVecs,
+        sync: bool,
+    },
+    /// Make completed writes and their metadata durable.
+    Flush,
+    /// Make a range read as zeroes; `unmap` lets the file's blocks go.
+    Zero { offset: u64, len: u64, unmap: bool },
+}
+
+/// One request on the metadata path.
+pub struct Job {
+    /// What to do.
+    pub work: Work,
+    /// The thread's token for it.
+    pub token: u64,
+    /// Where the answer goes.
+    pub replies: Arc<Replies>,
+}
+
+/// A run of guest clusters at a file offset, writable in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hint {
+    /// Guest offset (cluster-aligned).
+    pub guest: u64,
+    /// File offset.
+    pub host: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// A finished job.
+pub struct Reply {
+    /// The thread's token.
+    pub token: u64,
+    /// Bytes transferred, 0, or a negative errno.
+    pub result: i32,
+    /// Mappings the thread may cache, true as of `epoch`.
+    pub hints: Vec<Hint>,
+    /// The epoch the hints were read in.
+    pub epoch: u64,
+}
+
+/// One I/O thread's reply queue and the eventfd its ring polls.
+pub struct Replies {
+    /// Finished jobs, oldest first.
+    pub done: Mutex<Vec<Reply>>,
+    /// Written once per reply.
+    pub event: OwnedFd,
+}
+
+impl Replies {
+    fn push(&self, reply: Reply) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(reply);
+        let _ = rustix::io::write(&self.event, &1u64.to_ne_bytes());
+    }
+}
+
+/// Starts `count` workers named `name`-N serving `jobs` on `image`. They end when every sender
+/// is gone.
+pub fn start_workers(
+    image: &Arc<Image>,
+    count: usize,
+    name: &str,
+) -> io::Result<(Sender<Job>, Vec<std::thread::JoinHandle<()>>)> {
+    let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handles = Vec::with_capacity(count);
+    for n in 0..count {
+        let (image, rx) = (image.clone(), rx.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("{name}-{n}"))
+                .spawn(move || serve(&image, &rx))?,
+        );
+    }
+    Ok((tx, handles))
+}
+
+fn serve(image: &Image, jobs: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match jobs.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        let epoch = image.epoch.load(Ordering::Acquire);
+        let (result, hints) = run(image, job.work);
+        job.replies.push(Reply {
+            token: job.token,
+            result,
+            hints,
+            epoch,
+        });
+    }
+}
+
+fn errno(e: &io::Error) -> i32 {
+    -e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Does one job; returns its result and the hints for the caller's cache.
+fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
+    match work {
+        Work::Read { offset, iovs } => {
+            // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
+            let (bufs, len) = unsafe { slices(&iovs) };
+            let mut v = IoVectorMut::with_capacity(bufs.len());
+            for b in bufs {
+                v.push(b);
+            }
+            match image.access.readv(v, offset) {
+                Ok(()) => (len as i32, hints(image, offset)),
+                Err(e) => (errno(&e), Vec::new()),
+            }
+        }
+        Work::Write { offset, iovs, sync } => {
+            // SAFETY: as for the read; a write only reads them.
+            let (bufs, len) = unsafe { slices(&iovs) };
+            let mut v = IoVector::with_capacity(bufs.len());
+            for b in bufs {
+                v.push(&*b);
+            }
+            let result = {
+                let _allocating = image.allocating.read().unwrap_or_else(|e| e.into_inner());
+                image.allocated_since_flush.store(true, Ordering::Release);
+                let written = image.access.writev(v, offset);
+                match (written, sync) {
+                    (Ok(()), true) => flush(image),
+                    (r, _) => r,
+                }
+            };
+            match result {
+                Ok(()) => (len as i32, hints(image, offset)),
+                Err(e) => (errno(&e), Vec::new()),
+            }
+        }
+        Work::Flush => match flush(image) {
+            Ok(()) => (0, Vec::new()),
+            Err(e) => (errno(&e), Vec::new()),
+        },
+        Work::Zero { offset, len, unmap } => match zero(image, offset, len, unmap) {
+            Ok(()) => (0, Vec::new()),
+            Err(e) => (errno(&e), Vec::new()),
+        },
+    }
+}
+
+/// The iovecs as byte slices, and their total length.
+///
+/// # Safety
+/// `iovs` must describe valid, writable memory that nothing else accesses through Rust
+/// references while the slices live.
+unsafe fn slices(iovs: &IoVecs) -> (Vec<&'static mut [u8]>, usize) {
+    // SAFETY: the caller's contract.
+    let vecs = unsafe { std::slice::from_raw_parts(iovs.ptr, iovs.count as usize) };
+    let mut total = 0;
+    let bufs = vecs
+        .iter()
+        .filter(|v| v.iov_len > 0)
+        .map(|v| {
+            total += v.iov_len;
+            // SAFETY: the caller's contract; each iovec is one live range of guest memory.
+            unsafe { std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len) }
+        })
+        .collect();
+    (bufs, total)
+}
+
+/// Makes every completed write and the metadata that points at it durable.
+fn flush(image: &Image) -> io::Result<()> {
+    if image.allocated_since_flush.swap(false, Ordering::AcqRel) {
+        // Data before the L2 entries that point at it.
+        rustix::fs::fdatasync(&image.file)?;
+    }
+    image.access.flush()?;
+    image.access.sync()
+}
+
+/// Zeroes `len` bytes at `offset` through imago, keeping the clusters allocated (so no thread's
+/// cached mapping can ever point at a cluster given to another guest offset), invalidates the
+/// threads' caches over the range, then (with `unmap`) punches the file's blocks of the whole
+/// clusters out: they read as zeroes and cost no space.
+fn zero(image: &Image, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
+    let cluster = 1u64 << image.cluster_bits;
+    let mut punch = Vec::new();
+    if unmap {
+        let (start, end) = (
+            offset.next_multiple_of(cluster),
+            (offset + len) / cluster * cluster,
+        );
+        let mut at = start;
+        while at < end {
+            let (mapping, n) = image.access.get_mapping(at, end - at)?;
+            if n == 0 {
+                break;
+            }
+            if let Mapping::Raw {
+                offset: host,
+                writable: true,
+                ..
+            } = mapping
+            {
+                punch.push((host, n));
+            }
+            at += n;
+        }
+    }
+    image.access.write_zeroes(offset, len)?;
+    invalidate(image, offset, len);
+    for (host, n) in punch {
+        let mode = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&image.file, mode, host, n) {
+            Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Tells the I/O threads that their mappings of `offset..offset + len` are stale: a new
+/// epoch, remembered with its range. Each thread checks the epoch before it uses its cache.
+fn invalidate(image: &Image, offset: u64, len: u64) {
+    let mut log = image
+        .invalidations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let epoch = image.epoch.load(Ordering::Acquire) + 1;
+    if log.len() == INVALIDATIONS_KEPT {
+        log.pop_front();
+    }
+    log.push_back(Invalidation { epoch, offset, len });
+    image.epoch.store(epoch, Ordering::Release);
+}
+
+/// The in-place writable runs of the top image in the window of clusters around `offset`.
+fn hints(image: &Image, offset: u64) -> Vec<Hint> {
+    let window = HINT_WINDOW_CLUSTERS << image.cluster_bits;
+    let start = offset / window * window;
+    let end = (start + window).min(image.access.size());
+    let mut out = Vec::new();
+    // No allocation is half done while mappings are read (see `Image::allocating`).
+    let _quiet = image.allocating.write().unwrap_or_else(|e| e.into_inner());
+    let mut at = start;
+    while at < end {
+        let Ok((mapping, n)) = image.access.get_mapping(at, end - at) else {
+            break;
+        };
+        if n == 0 {
+            break;
+        }
+        if let Mapping::Raw {
+            offset: host,
+            writable: true,
+            ..
+        } = mapping
+        {
+            out.push(Hint {
+                guest: at,
+                host,
+                len: n,
+            });
+        }
+        at += n;
+    }
+    out
+}
+
+/// The invalidations after epoch `seen`, or `None` when some of them are no longer kept.
+pub fn invalidations_since(image: &Image, seen: u64) -> Option<VecDeque<Invalidation>> {
+    let log = image
+        .invalidations
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match log.front() {
+        Some(first) if first.epoch <= seen + 1 => {
+            Some(log.iter().filter(|i| i.epoch > seen).copied().collect())
+        }
+        _ => None,
+    }
+}
+
+/// The raw fd of a reply queue's eventfd.
+pub fn event_fd(replies: &Replies) -> std::os::fd::RawFd {
+    replies.event.as_raw_fd()
+}
