@@ -42,7 +42,7 @@ pub mod shm;
 mod layering {
     /// The layers, lowest first: a module may use only the layers listed before it.
     const LAYERS: &[&str] = &[
-        "config", "sandbox", "blk", "engine", "shm", "io", "frontend", "api", "daemon",
+        "config", "format", "sandbox", "blk", "engine", "shm", "io", "frontend", "api", "daemon",
     ];
 
     fn sources(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {

@@ -260,7 +260,7 @@ const GENERAL: &[Key] = &[
         |v: &str| Some(Some(PathBuf::from(v)).filter(|_| !v.is_empty())),
         |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string()),
         "a path",
-        "raw image file or block device (engine=uring; with `size=` it is created if missing), or an NVMe namespace's character device /dev/ngXnY (engine=nvme)",
+        "raw image file or block device, or a qcow2 image with `format=qcow2` (engine=uring; with `size=` it is created if missing), or an NVMe namespace's character device /dev/ngXnY (engine=nvme)",
     ),
     choice_key!(
         "engine",

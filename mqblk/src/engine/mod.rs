@@ -15,6 +15,7 @@
 mod mem;
 mod null;
 pub mod nvme;
+pub mod qcow2;
 #[cfg(feature = "rbd")]
 pub mod rbd;
 pub(crate) mod uring;
@@ -112,6 +113,13 @@ pub trait Engine: Send + Sync {
     /// them: after a live migration the destination's backend serves the disk. Engines with no
     /// such cache have nothing to do.
     fn sync_host_cache(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Re-reads whatever this engine caches of the storage's own state. Called when a ring
+    /// of an export starts while none of its other rings runs, so no request is in flight:
+    /// another host's backend (the source of a live migration) may have changed the storage
+    /// since this one opened it. Engines that cache nothing have nothing to do.
+    fn refresh(&self) -> io::Result<()> {
         Ok(())
     }
     /// The io_uring opcodes of the entries its channels hand their I/O thread's ring
@@ -279,7 +287,7 @@ pub enum OpenError {
     Nvme(#[from] nvme::NvmeError),
     /// A qcow2 image mqblk cannot serve (see [`Qcow2Error`](crate::format::qcow2::Qcow2Error)).
     #[error(transparent)]
-    Qcow2(crate::format::qcow2::Qcow2Error),
+    Qcow2(#[from] crate::format::qcow2::Qcow2Error),
     /// An engine this build does not have.
     #[error("engine={0} is not in this build of mqblk: build it with --features {0}")]
     NotBuilt(&'static str),
@@ -301,9 +309,7 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
     Ok(match cfg.engine {
         EngineKind::Null => Box::new(NullEngine::new(size)),
         EngineKind::Mem => Box::new(mem::open(size)?),
-        EngineKind::Uring if cfg.format == ImageFormat::Qcow2 => {
-            Box::new(crate::format::qcow2::open(cfg)?)
-        }
+        EngineKind::Uring if cfg.format == ImageFormat::Qcow2 => Box::new(qcow2::open(cfg)?),
         EngineKind::Uring => {
             let path = cfg
                 .path

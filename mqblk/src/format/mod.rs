@@ -1,4 +1,5 @@
-//! Image formats: how guest offsets map to places in the storage, and the metadata that says
-//! so. A format owns its metadata; the I/O threads still move the data, on their own rings.
+//! Image formats, as far as mqblk reads them itself (headers, before anything is opened). The
+//! formats are served by engines (`engine::qcow2`): a format owns its metadata, and the I/O
+//! threads still move the data, on their own rings.
 
 pub mod qcow2;

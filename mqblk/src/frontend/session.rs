@@ -153,6 +153,15 @@ impl Session {
             return;
         };
         let call = v.call.as_ref().and_then(|c| c.try_clone().ok());
+        if !self.vrings.iter().any(|v| v.started) {
+            // Nothing of this export is in flight: the moment to re-read what the engine
+            // caches of the storage, which a migration's source may have changed.
+            if let Err(e) = self.device.engine().refresh() {
+                tracing::error!(queue = i, err = %e, "cannot re-read the disk's metadata; queue not started");
+                return;
+            }
+        }
+        let v = &mut self.vrings[i];
         v.started = true;
         let (thread, local) = self.device.thread_of(i);
         thread.send(Command::Start {

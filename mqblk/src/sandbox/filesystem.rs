@@ -254,9 +254,11 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
 /// resolved grants nothing (opening the export then fails with what is wrong with it).
 fn backing_grants(cfg: &ExportConfig, image: &Path) -> Vec<Grant> {
     let paths = |top: &Path, skip: usize| -> Vec<PathBuf> {
-        qcow2::header::chain(top)
-            .map(|layers| layers.into_iter().skip(skip).map(|l| l.path).collect())
-            .unwrap_or_default()
+        qcow2::header::reachable(top)
+            .into_iter()
+            .skip(skip)
+            .map(|l| l.path)
+            .collect()
     };
     let layers = if image.exists() {
         paths(image, 1)

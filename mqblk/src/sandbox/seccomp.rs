@@ -90,6 +90,8 @@ pub const CONTROL: &[i64] = &[
     libc::SYS_newfstatat,
     libc::SYS_fstat,
     libc::SYS_statx,
+    // imago asks which filesystem holds a qcow2 image (its O_DIRECT alignment).
+    libc::SYS_fstatfs,
     libc::SYS_lseek,
     libc::SYS_pread64,
     libc::SYS_pwrite64,

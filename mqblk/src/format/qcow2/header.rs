@@ -193,20 +193,35 @@ pub struct Layer {
 /// as recorded or, where an old image records none, by the magic (as QEMU probes it then).
 /// A missing backing file, a name that is not a plain path, and a loop are refused.
 pub fn chain(top: &Path) -> Result<Vec<Layer>, Qcow2Error> {
-    let mut layers = vec![Layer {
+    let mut layers = Vec::new();
+    walk(top, &mut layers).map(|()| layers)
+}
+
+/// The images of the chain under `top` (`top` first) as far as it can be followed: what a
+/// sandbox must let the daemon read for [`chain`] to say what is wrong with the rest.
+pub fn reachable(top: &Path) -> Vec<Layer> {
+    let mut layers = Vec::new();
+    let _ = walk(top, &mut layers);
+    layers
+}
+
+/// Follows the chain under `top`, appending each image to `layers`, until its end or the first
+/// image that cannot be followed.
+fn walk(top: &Path, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
+    layers.push(Layer {
         path: top.to_path_buf(),
         format: BackingFormat::Qcow2,
-    }];
+    });
     let mut seen = HashSet::new();
     seen.insert(canonical(top)?);
     loop {
         let current = layers.last().expect("the top is there");
         if current.format == BackingFormat::Raw {
-            return Ok(layers);
+            return Ok(());
         }
         let header = parse(&current.path, &read_head(&current.path)?)?;
         let Some(name) = header.backing else {
-            return Ok(layers);
+            return Ok(());
         };
         let image = current.path.display().to_string();
         if name.contains(':') && !Path::new(&name).exists() {

@@ -21,9 +21,9 @@ use imago::{
     StorageOpenOptions,
 };
 
-use super::header::{self, Layer};
-use super::Qcow2Error;
 use crate::config::qcow2::{BackingFormat, Qcow2Config};
+use crate::format::qcow2::header::{self, Layer};
+use crate::format::qcow2::Qcow2Error;
 
 /// A qcow2 image through imago, as a library caller sees it.
 pub type Access = FormatAccess<ImagoFile>;

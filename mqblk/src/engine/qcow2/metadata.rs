@@ -273,7 +273,7 @@ fn zero(image: &Image, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
 
 /// Tells the I/O threads that their mappings of `offset..offset + len` are stale: a new
 /// epoch, remembered with its range. Each thread checks the epoch before it uses its cache.
-fn invalidate(image: &Image, offset: u64, len: u64) {
+pub fn invalidate(image: &Image, offset: u64, len: u64) {
     let mut log = image
         .invalidations
         .lock()

@@ -1,0 +1,392 @@
+//! `format=qcow2`, checked against QEMU's own tools: what mqblk writes into a qcow2 image,
+//! `qemu-img check` finds consistent and `qemu-img convert` / `qemu-io` read back byte for byte;
+//! backing images are never written; discard and write-zeroes read as zeroes both ways; an image
+//! mqblk must not serve is refused with one line that says what to do.
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use mqblk_client::{Client, Pattern};
+use support::daemon::*;
+
+const SIZE: u64 = 32 << 20;
+const CLUSTER: u64 = 64 << 10;
+const BASE_SEED: u64 = 0xba5e;
+
+/// Runs `qemu-img ARGS`; returns (exit code, stdout + stderr).
+fn qemu_img(args: &[&str]) -> (i32, String) {
+    let out = Command::new("qemu-img")
+        .args(args)
+        .output()
+        .expect("qemu-img (bash .ci/setup installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn qemu_img_ok(args: &[&str]) -> String {
+    let (code, text) = qemu_img(args);
+    assert_eq!(code, 0, "qemu-img {args:?}: {text}");
+    text
+}
+
+/// `qemu-img check`: no corruption and, unless `leaks_allowed`, no leaked cluster.
+fn assert_checks_clean(image: &Path, leaks_allowed: bool) {
+    let (code, text) = qemu_img(&["check", &image.display().to_string()]);
+    // 0: clean; 3: leaked clusters only; 2: corruption; 1: could not check.
+    let ok = code == 0 || (leaks_allowed && code == 3);
+    assert!(
+        ok,
+        "qemu-img check {} exited {code}:\n{text}",
+        image.display()
+    );
+}
+
+/// The guest-visible bytes of `image`, read by QEMU (`qemu-img convert` to raw).
+fn read_through_qemu(image: &Path, dir: &TestDir) -> Vec<u8> {
+    let out = dir.join("converted.raw");
+    let _ = std::fs::remove_file(&out);
+    qemu_img_ok(&[
+        "convert",
+        "-O",
+        "raw",
+        &image.display().to_string(),
+        &out.display().to_string(),
+    ]);
+    std::fs::read(&out).unwrap()
+}
+
+/// A base image of `SIZE` seeded bytes in `format` (raw, or qcow2 converted from it).
+fn base_image(dir: &TestDir, format: &str) -> std::path::PathBuf {
+    let raw = dir.image("base.raw", SIZE, Some(BASE_SEED));
+    if format == "raw" {
+        return raw;
+    }
+    let q = dir.join("base.qcow2");
+    qemu_img_ok(&[
+        "convert",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        &raw.display().to_string(),
+        &q.display().to_string(),
+    ]);
+    std::fs::remove_file(&raw).unwrap();
+    q
+}
+
+fn overlay_export(sock: &Path, overlay: &Path, base: &Path, format: &str) -> Export {
+    Export::file(sock, overlay)
+        .queues(2)
+        .set("format", "qcow2")
+        .set("backing", &base.file_name().unwrap().to_string_lossy())
+        .set("backing-format", format)
+}
+
+/// An overlay mqblk creates over a raw and over a qcow2 base: a verified workload through the
+/// libblkio client (4 KiB writes into 64 KiB clusters: copy-on-write from the base around
+/// each), then QEMU reads exactly the base patched with what was written, `qemu-img check`
+/// is clean, and the base image is unchanged.
+#[test]
+fn overlays_over_raw_and_qcow2_bases_read_back_through_qemu() {
+    for format in ["raw", "qcow2"] {
+        let dir = TestDir::new();
+        let base = base_image(&dir, format);
+        let base_before = std::fs::read(&base).unwrap();
+        let overlay = dir.join("overlay.qcow2");
+        let sock = dir.join("s.sock");
+        let mut d = Daemon::start(&dir, &[overlay_export(&sock, &overlay, &base, format)]);
+        let seed = 0x0dd;
+        // 2 jobs x 1500 blocks of 4 KiB: each job's first ~5.9 MiB of its 16 MiB half.
+        let mut w = verify_workload(&sock, 2, 2, 1500, seed);
+        w.iodepth = 16;
+        let r = mqblk_client::run(&w).expect("verify run");
+        assert!(r.clean() && r.mismatches == 0, "{format}: {r}");
+        {
+            let mut c = Client::connect(&sock, 2).expect("connect");
+            c.flush(0).expect("flush");
+        }
+        d.stop();
+
+        assert_checks_clean(&overlay, false);
+        let info = qemu_img_ok(&["info", &overlay.display().to_string()]);
+        assert!(
+            info.contains(&format!("backing file format: {format}")),
+            "{info}"
+        );
+        let mut expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
+        apply_verify(&mut expected, &r, seed);
+        let actual = read_through_qemu(&overlay, &dir);
+        assert_bytes_eq(
+            &actual,
+            &expected,
+            0,
+            &format!("overlay over {format}, read by QEMU"),
+        );
+        assert!(
+            std::fs::read(&base).unwrap() == base_before,
+            "the {format} base image was written"
+        );
+    }
+}
+
+/// Discard and write-zeroes, whole clusters and parts of them, read back as zeroes through
+/// mqblk and through qemu-io; the bytes around them keep the base's data; the punched
+/// clusters give their blocks back to the filesystem.
+#[test]
+fn discard_and_write_zeroes_read_back_zeroes() {
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("s.sock");
+    let mut d = Daemon::start(&dir, &[overlay_export(&sock, &overlay, &base, "raw")]);
+    let mut c = Client::connect(&sock, 2).expect("connect");
+    // Allocate 32 clusters in the overlay (a write of our own data over them).
+    let data = pattern_bytes(32 * CLUSTER, 0, Some(7));
+    c.write(0, 0, &data).expect("write");
+    c.flush(0).expect("flush");
+    let allocated = std::fs::metadata(&overlay).unwrap();
+    let ranges = [
+        // (offset, len, discard?)
+        (CLUSTER, 4 * CLUSTER, true),         // whole clusters
+        (8 * CLUSTER + 4096, 8192, true),     // part of an allocated cluster
+        (12 * CLUSTER, 2 * CLUSTER, false),   // whole clusters, write-zeroes
+        (20 * CLUSTER + 512, CLUSTER, false), // across two clusters
+        (100 * CLUSTER + 4096, 4096, false),  // an unallocated cluster: base data below
+    ];
+    for (i, &(off, len, discard)) in ranges.iter().enumerate() {
+        let q = i % 2;
+        if discard {
+            c.discard(q, off, len).expect("discard");
+        } else {
+            c.write_zeroes(q, off, len, true).expect("write-zeroes");
+        }
+        // Read back on the other queue: its thread's cache must have forgotten the range.
+        let back = c.read_vec(1 - q, off, len as usize).expect("read");
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "range {i} ({off}+{len}) not zero through mqblk"
+        );
+    }
+    c.flush(0).expect("flush");
+    drop(c);
+    d.stop();
+
+    assert_checks_clean(&overlay, false);
+    let mut expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
+    expected[..data.len()].copy_from_slice(&data);
+    for &(off, len, _) in &ranges {
+        expected[off as usize..(off + len) as usize].fill(0);
+    }
+    for &(off, len, _) in &ranges {
+        let out = Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", &format!("read -P 0 {off} {len}")])
+            .arg(&overlay)
+            .output()
+            .expect("qemu-io");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && !text.contains("Pattern verification failed"),
+            "qemu-io read -P 0 {off} {len}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_bytes_eq(
+        &read_through_qemu(&overlay, &dir),
+        &expected,
+        0,
+        "after discard and write-zeroes",
+    );
+    use std::os::unix::fs::MetadataExt;
+    let after = std::fs::metadata(&overlay).unwrap();
+    assert!(
+        after.blocks() < allocated.blocks(),
+        "no block was given back: {} -> {} blocks",
+        allocated.blocks(),
+        after.blocks()
+    );
+}
+
+/// A cluster one thread has mapped, zeroed through another queue's thread, then written and
+/// read again through the first: the write lands (it is not lost behind the zero flag) and
+/// both threads read it.
+#[test]
+fn a_zeroed_cluster_is_remapped_by_every_thread() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(2)
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string());
+    let mut d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 2).expect("connect");
+    for round in 0..4u64 {
+        let off = (round * 3) * CLUSTER;
+        let first = pattern_bytes(CLUSTER, off, Some(round + 1));
+        c.write(0, off, &first).expect("write q0");
+        // The second access of a cluster goes through queue 0's cache.
+        assert_eq!(c.read_vec(0, off, CLUSTER as usize).unwrap(), first);
+        c.write_zeroes(1, off, CLUSTER, round % 2 == 0)
+            .expect("zero q1");
+        assert!(c
+            .read_vec(0, off, CLUSTER as usize)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0));
+        let second = pattern_bytes(4096, off + 8192, Some(round + 100));
+        c.write(0, off + 8192, &second).expect("write q0 again");
+        let mut expected = vec![0u8; CLUSTER as usize];
+        expected[8192..8192 + 4096].copy_from_slice(&second);
+        assert_eq!(
+            c.read_vec(0, off, CLUSTER as usize).unwrap(),
+            expected,
+            "q0, round {round}"
+        );
+        assert_eq!(
+            c.read_vec(1, off, CLUSTER as usize).unwrap(),
+            expected,
+            "q1, round {round}"
+        );
+    }
+    c.flush(0).unwrap();
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+}
+
+/// SIGKILL while writes allocate clusters: the image opens, `qemu-img check` finds no
+/// corruption (leaked clusters are allowed, as in QEMU), and every block acknowledged before
+/// the last completed flush reads back.
+#[test]
+fn flushed_data_survives_sigkill_mid_write() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(2)
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string());
+    let mut d = Daemon::start(&dir, std::slice::from_ref(&export));
+    // The first half: verified, then flushed.
+    let seed = 0xf1;
+    let mut w = verify_workload(&sock, 2, 2, 1024, seed);
+    w.region = Some((0, SIZE / 2));
+    let r = mqblk_client::run(&w).expect("verify run");
+    assert!(r.clean() && r.mismatches == 0, "{r}");
+    Client::connect(&sock, 2).unwrap().flush(1).expect("flush");
+    // The second half: random writes (each allocating), killed in the middle.
+    let mut writer = w.clone();
+    writer.pattern = Pattern::RandWrite;
+    writer.region = Some((SIZE / 2, SIZE / 2));
+    writer.ops_per_job = None;
+    writer.runtime = Some(Duration::from_secs(20));
+    let t = std::thread::spawn(move || mqblk_client::run(&writer));
+    std::thread::sleep(Duration::from_millis(700));
+    d.signal(rustix::process::Signal::KILL);
+    let _ = d.wait_exit(Duration::from_secs(10));
+    let _ = t.join();
+    drop(d);
+
+    assert_checks_clean(&img, true);
+    // Served again: what was flushed reads back.
+    let d2 = Daemon::start(&dir, &[export]);
+    let mut check = w.clone();
+    check.pattern = Pattern::Check;
+    let r = mqblk_client::run(&check).expect("check run");
+    assert!(r.clean() && r.mismatches == 0, "{r}");
+    d2.terminate();
+}
+
+/// Each image mqblk must not serve gives one line naming the problem and what to run.
+#[test]
+fn images_it_must_not_serve_are_refused_in_one_line() {
+    let dir = TestDir::new();
+    let p = |n: &str| dir.join(n).display().to_string();
+    let make = |name: &str| {
+        qemu_img_ok(&["create", "-f", "qcow2", &p(name), "16M"]);
+        p(name)
+    };
+    // Sets incompatible feature bits (header offset 72, big-endian u64).
+    let set_incompatible = |path: &str, bits: u64| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.write_all_at(&bits.to_be_bytes(), 72).unwrap();
+    };
+    let sock = p("s.sock");
+    let serve = |image: &str| {
+        serve_fails(
+            &export_arg(format!("socket={sock},path={image},format=qcow2")),
+            Duration::from_secs(10),
+        )
+    };
+
+    let dirty = make("dirty.qcow2");
+    set_incompatible(&dirty, 1);
+    let e = serve(&dirty);
+    assert!(
+        e.contains("dirty") && e.contains(&format!("qemu-img check -r all {dirty}")),
+        "{e}"
+    );
+
+    let corrupt = make("corrupt.qcow2");
+    set_incompatible(&corrupt, 2);
+    let e = serve(&corrupt);
+    assert!(
+        e.contains("corrupt") && e.contains("qemu-img check -r all"),
+        "{e}"
+    );
+
+    let unknown = make("unknown.qcow2");
+    set_incompatible(&unknown, 1 << 40);
+    let e = serve(&unknown);
+    assert!(e.contains("unknown incompatible feature bit 40"), "{e}");
+
+    // -u: qemu-img records the backing file without opening it.
+    let orphan = p("orphan.qcow2");
+    qemu_img_ok(&[
+        "create", "-f", "qcow2", "-u", "-b", "gone.raw", "-F", "raw", &orphan, "16M",
+    ]);
+    let e = serve(&orphan);
+    assert!(
+        e.contains("gone.raw") && e.contains("does not exist"),
+        "{e}"
+    );
+
+    let (a, b) = (p("a.qcow2"), p("b.qcow2"));
+    qemu_img_ok(&[
+        "create", "-f", "qcow2", "-u", "-b", "b.qcow2", "-F", "qcow2", &a, "16M",
+    ]);
+    qemu_img_ok(&[
+        "create", "-f", "qcow2", "-u", "-b", "a.qcow2", "-F", "qcow2", &b, "16M",
+    ]);
+    let e = serve(&a);
+    assert!(
+        e.contains("loops") && e.contains("a.qcow2 -> ") && e.contains("b.qcow2"),
+        "{e}"
+    );
+
+    let raw = dir.image("plain.raw", 1 << 20, Some(1));
+    let e = serve(&raw.display().to_string());
+    assert!(
+        e.contains("not a qcow2 image") && e.contains("format=raw"),
+        "{e}"
+    );
+
+    // A raw image whose first bytes are a qcow2 header stays raw without format=qcow2: the
+    // guest sees those bytes, nothing is interpreted.
+    let lookalike = make("lookalike.img");
+    let header = std::fs::read(&lookalike).unwrap()[..512].to_vec();
+    let sock2 = dir.join("raw.sock");
+    let mut d = Daemon::start(&dir, &[Export::file(&sock2, &lookalike)]);
+    let mut c = Client::connect(&sock2, 1).unwrap();
+    assert_eq!(c.read_vec(0, 0, 512).unwrap(), header);
+    drop(c);
+    d.stop();
+}
