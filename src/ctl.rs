@@ -20,6 +20,8 @@ Methods and their parameters (key=value):
   export_stats   [id=NAME]
   export_resize  id=NAME [size=BYTES]       without size: re-read the file or device
   export_set_qos id=NAME [iops-total=N ...] the export's limits from now on (none: no limit)
+  export_snapshot id=NAME overlay=PATH      qcow2: writes go to a new overlay at PATH over the
+                                            image, which is read-only (a backup) from then on
   save_config    path=FILE.toml
   version
   shutdown

@@ -390,3 +390,119 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
     drop(c);
     d.stop();
 }
+
+/// An external snapshot under a running verified workload: no request fails, the data written
+/// before reads back after it; the old image is from then on unchanged, `qemu-img check`
+/// clean, standalone (no backing), and holds exactly what was written before the snapshot;
+/// the new overlay records it as its backing file.
+#[test]
+fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(2)
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string())
+        .set("id", "vm");
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+    let seed_a = 0xaa;
+    let mut first = verify_workload(&sock, 2, 2, 1024, seed_a);
+    first.region = Some((0, SIZE / 2));
+    let ra = mqblk_client::run(&first).expect("first half");
+    assert!(ra.clean() && ra.mismatches == 0, "{ra}");
+
+    // The second half is written (and verified) while the snapshot is taken.
+    let seed_b = 0xbb;
+    let mut second = verify_workload(&sock, 2, 2, 2048, seed_b);
+    second.region = Some((SIZE / 2, SIZE / 2));
+    second.iodepth = 4;
+    let load = std::thread::spawn(move || mqblk_client::run(&second));
+    std::thread::sleep(Duration::from_millis(300));
+    let overlay = dir.join("after.qcow2");
+    let status = api.ok(
+        "export_snapshot",
+        serde_json::json!({"id": "vm", "overlay": overlay.display().to_string()}),
+    );
+    assert_eq!(status["id"], "vm", "{status}");
+    let old_right_after = std::fs::read(&img).unwrap();
+    let rb = load.join().unwrap().expect("second half");
+    assert!(
+        rb.clean() && rb.mismatches == 0,
+        "the workload across the snapshot: {rb}"
+    );
+    // Everything reads back through the new top.
+    let mut check = verify_workload(&sock, 2, 2, 1024, seed_a);
+    check.region = Some((0, SIZE / 2));
+    check.pattern = Pattern::Check;
+    let r = mqblk_client::run(&check).expect("check first half");
+    assert!(r.clean() && r.mismatches == 0, "{r}");
+    let cfg = api.ok("export_get", serde_json::json!({"id": "vm"}));
+    assert_eq!(
+        cfg["config"]["path"],
+        overlay.display().to_string(),
+        "{cfg}"
+    );
+    // A second snapshot onto a taken path is refused, and changes nothing.
+    let e = api
+        .call(
+            "export_snapshot",
+            serde_json::json!({"id": "vm", "overlay": overlay.display().to_string()}),
+        )
+        .unwrap_err();
+    assert!(e.1.contains("exists"), "{e:?}");
+    d.stop();
+
+    assert_eq!(
+        std::fs::read(&img).unwrap(),
+        old_right_after,
+        "the old image changed after the snapshot"
+    );
+    assert_checks_clean(&img, false);
+    let info = qemu_img_ok(&["info", &img.display().to_string()]);
+    assert!(!info.contains("backing file"), "{info}");
+    let old = read_through_qemu(&img, &dir);
+    let mut expected_a = vec![0u8; SIZE as usize];
+    apply_verify(&mut expected_a, &ra, seed_a);
+    assert_bytes_eq(
+        &old[..(SIZE / 2) as usize],
+        &expected_a[..(SIZE / 2) as usize],
+        0,
+        "old image, first half",
+    );
+    // The second half: each block written before the snapshot has the pattern, the rest zero;
+    // none is torn or foreign.
+    let mut expected_b = vec![0u8; SIZE as usize];
+    apply_verify(&mut expected_b, &rb, seed_b);
+    let mut written_before = 0;
+    for b in (SIZE / 2..SIZE).step_by(4096) {
+        let (b, e) = (b as usize, b as usize + 4096);
+        if old[b..e] == expected_b[b..e] && expected_b[b..e].iter().any(|&x| x != 0) {
+            written_before += 1;
+        } else {
+            assert!(
+                old[b..e].iter().all(|&x| x == 0),
+                "old image block at {b}: neither zero nor the data written"
+            );
+        }
+    }
+    let written_total = rb.jobs.iter().map(|j| j.pattern_bytes / 4096).sum::<u64>();
+    assert!(
+        written_before > 0 && written_before < written_total,
+        "{written_before} of {written_total} blocks written before the snapshot: it was not taken mid-workload"
+    );
+    assert_checks_clean(&overlay, false);
+    let info = qemu_img_ok(&["info", &overlay.display().to_string()]);
+    assert!(
+        info.contains("backing file format: qcow2") && info.contains("disk.qcow2"),
+        "{info}"
+    );
+    let mut expected = expected_a;
+    apply_verify(&mut expected, &rb, seed_b);
+    assert_bytes_eq(
+        &read_through_qemu(&overlay, &dir),
+        &expected,
+        0,
+        "the new overlay",
+    );
+}

@@ -65,6 +65,11 @@ pub trait Control: Send + Sync {
     /// Replaces an export's QoS settings while it runs (all limits given; none given lifts
     /// them); returns the QoS now in force.
     fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError>;
+    /// Takes an external snapshot of a qcow2 export while it runs: its queues quiesce (what
+    /// is in flight completes, nothing new starts), a new overlay at `overlay` over the
+    /// current image becomes the image written, and the queues resume. The old image is
+    /// read-only and consistent from then on.
+    fn snapshot(&self, id: &str, overlay: &std::path::Path) -> Result<ExportStatus, ControlError>;
     /// Every export's settings, in the order they were added.
     fn configs(&self) -> Vec<ExportConfig>;
     /// Asks the daemon to drain every export and exit.

@@ -11,6 +11,8 @@
 //!   suffix); without it, the backing file or device is measured again;
 //! - `export_set_qos {id, ...QoS keys}`: replaces the export's limits (none: no limit) or
 //!   moves it into a throttle group (`group`);
+//! - `export_snapshot {id, overlay}`: an external snapshot of a qcow2 export while it runs:
+//!   a new overlay at `overlay` over the image, which is read-only from then on;
 //! - `save_config {path}`: writes the TOML that recreates the running exports;
 //! - `version {}`, `shutdown {}`.
 //!
@@ -76,7 +78,7 @@ enum RpcError {
     #[error("more than {MAX_CLIENTS} management clients at once")]
     TooManyClients,
     /// A method the API does not have.
-    #[error("no method '{0}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, export_set_qos, save_config, version, shutdown)")]
+    #[error("no method '{0}' (methods: export_add, export_del, export_list, export_get, export_stats, export_resize, export_set_qos, export_snapshot, save_config, version, shutdown)")]
     NoSuchMethod(String),
     /// A parameter refused, or what the daemon answered.
     #[error(transparent)]
@@ -459,6 +461,12 @@ fn call(
             };
             Ok(json!(control.resize(&id, size)?))
         }
+        "export_snapshot" => {
+            only(&params, method, &["id", "overlay"])?;
+            let id = required(&params, "id")?;
+            let overlay = PathBuf::from(required(&params, "overlay")?);
+            Ok(json!(control.snapshot(&id, &overlay)?))
+        }
         "export_set_qos" => {
             let id = required(&params, "id")?;
             let mut pairs = Vec::new();
@@ -575,6 +583,13 @@ mod tests {
         }
         fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError> {
             self.get(id).map(|_| qos)
+        }
+        fn snapshot(
+            &self,
+            id: &str,
+            _overlay: &std::path::Path,
+        ) -> Result<ExportStatus, ControlError> {
+            self.get(id).map(|(_, s)| s)
         }
         fn configs(&self) -> Vec<ExportConfig> {
             self.added.lock().unwrap().clone()

@@ -92,6 +92,9 @@ pub enum Error {
     /// The export could not be resized.
     #[error("cannot resize: {0}")]
     Resize(#[from] crate::engine::ResizeError),
+    /// A snapshot was not taken.
+    #[error(transparent)]
+    Snapshot(#[from] crate::engine::SnapshotError),
     /// The daemon could not confine itself.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::Error),

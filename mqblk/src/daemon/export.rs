@@ -28,7 +28,12 @@ pub struct Export {
     thread: Option<JoinHandle<()>>,
     /// Held through a resize, the frontend's acknowledgement included: two resizes at once
     /// would interleave the threads' capacity and the store's, and read each other's acks.
+    /// Held through a snapshot too: a resize must not land between a snapshot's flush and
+    /// its switch.
     resizing: Mutex<()>,
+    /// The image written since the last snapshot, if one was taken (the export's `path` from
+    /// then on).
+    snapshot_path: Mutex<Option<PathBuf>>,
 }
 
 impl Export {
@@ -98,6 +103,7 @@ impl Export {
             state,
             thread: Some(thread),
             resizing: Mutex::new(()),
+            snapshot_path: Mutex::new(None),
         })
     }
 
@@ -111,7 +117,44 @@ impl Export {
     pub fn config(&self) -> ExportConfig {
         let mut cfg = self.device.config().clone();
         cfg.qos = self.qos.current();
+        if let Some(top) = self
+            .snapshot_path
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            // The overlay exists and records its own backing file.
+            cfg.path = Some(top);
+            cfg.qcow2.backing = None;
+            cfg.qcow2.backing_format = None;
+            cfg.size = None;
+        }
         cfg
+    }
+
+    /// Takes an external snapshot (see [`Control::snapshot`](crate::api::Control::snapshot)):
+    /// the frontend's rings stop once their requests complete, the engine switches to the new
+    /// overlay, the rings start again where they stopped. The guest sees a pause, no error.
+    pub fn snapshot(&self, overlay: &Path) -> Result<ExportStatus, Error> {
+        let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
+        let id = self.device.config().id.clone();
+        let session = self
+            .state
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let engine = self.device.engine();
+        match session {
+            Some(s) => s
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .quiesced(|| engine.snapshot(overlay))?,
+            None => engine.snapshot(overlay)?,
+        }
+        *self.snapshot_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(overlay.to_path_buf());
+        tracing::info!(id, overlay = %overlay.display(), "snapshot taken: the old image is read-only from now on");
+        Ok(self.status())
     }
 
     /// The export's QoS now: its limits (its throttle group's, if in one) and its group.

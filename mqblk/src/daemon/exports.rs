@@ -8,6 +8,7 @@
 //! watchdog's health check never wait behind them.
 
 use std::os::fd::RawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -258,6 +259,9 @@ impl From<Error> for ControlError {
             | Error::SocketBusy(_) => ControlError::Conflict(e.to_string()),
             Error::InUse(_) => ControlError::Busy(e.to_string()),
             Error::Qos(_) => ControlError::InvalidParams(e.to_string()),
+            Error::Snapshot(crate::engine::SnapshotError::Unsupported(_)) => {
+                ControlError::InvalidParams(e.to_string())
+            }
             other => ControlError::Failed(other.to_string()),
         }
     }
@@ -286,6 +290,10 @@ impl Control for Exports {
 
     fn set_qos(&self, id: &str, qos: QosConfig) -> Result<QosConfig, ControlError> {
         Ok(self.with(id, |e| e.set_qos(qos).map(|()| e.qos()))??)
+    }
+
+    fn snapshot(&self, id: &str, overlay: &Path) -> Result<ExportStatus, ControlError> {
+        Ok(self.with(id, |e| e.snapshot(overlay))??)
     }
 
     #[cfg(debug_assertions)]

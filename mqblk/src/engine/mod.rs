@@ -122,6 +122,13 @@ pub trait Engine: Send + Sync {
     fn refresh(&self) -> io::Result<()> {
         Ok(())
     }
+    /// Takes an external snapshot: the storage as it is becomes read-only (a consistent image
+    /// at `overlay`'s backing), and every write from now on goes to a new image at `overlay`
+    /// over it. Called with no request in flight and none starting until it returns.
+    fn snapshot(&self, overlay: &std::path::Path) -> Result<(), SnapshotError> {
+        let _ = overlay;
+        Err(SnapshotError::Unsupported(self.name()))
+    }
     /// The io_uring opcodes of the entries its channels hand their I/O thread's ring
     /// ([`Started::Ring`]): the ring of a confined daemon accepts only those and its own.
     fn ring_opcodes(&self) -> &'static [u8] {
@@ -174,6 +181,20 @@ impl Default for Limits {
             write_zeroes_may_unmap: true,
         }
     }
+}
+
+/// Why a snapshot was not taken. Each message is one line for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// Only qcow2 images have snapshots.
+    #[error("engine {0} takes no snapshots: serve a qcow2 image (format=qcow2) to have them")]
+    Unsupported(&'static str),
+    /// A read-only export has nothing to write an overlay for.
+    #[error("the export is read-only: a snapshot is for an image that is written")]
+    ReadOnly,
+    /// The overlay could not be made or opened.
+    #[error(transparent)]
+    Qcow2(#[from] crate::format::qcow2::Qcow2Error),
 }
 
 /// Why an export could not be resized. Each message is one line for the operator.

@@ -175,6 +175,22 @@ impl Session {
         });
     }
 
+    /// Runs `f` with every started ring stopped (its requests completed, nothing new
+    /// fetched), then starts them again where they stopped: the guest sees a pause.
+    pub fn quiesced<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let running: Vec<usize> = (0..self.vrings.len())
+            .filter(|&i| self.vrings[i].started)
+            .collect();
+        for &i in &running {
+            self.stop(i);
+        }
+        let r = f();
+        for &i in &running {
+            self.maybe_start(i);
+        }
+        r
+    }
+
     /// Stops vring `i` once its in-flight requests complete; records where it stopped.
     fn stop(&mut self, i: usize) {
         if !self.vrings[i].started {

@@ -9,10 +9,14 @@ use std::sync::Arc;
 use super::image::Image;
 use super::mapping::MappingCache;
 use super::metadata::{self, IoVecs, Job, Replies, Reply, Work};
+use super::Shared;
 use crate::engine::{self, Channel, Op, Started};
 
 /// A thread's mapping cache, its line to the workers and its reply queue.
 pub struct Qcow2Channel {
+    pub(super) shared: Arc<Shared>,
+    /// The generation of the top it uses.
+    pub(super) generation: u64,
     pub(super) image: Arc<Image>,
     pub(super) jobs: Sender<Job>,
     pub(super) replies: Arc<Replies>,
@@ -27,6 +31,9 @@ impl Qcow2Channel {
     /// Brings the cache up to the image's epoch: forgets what invalidations since made stale.
     #[inline]
     fn catch_up(&mut self) {
+        if self.shared.generation.load(Ordering::Acquire) != self.generation {
+            self.take_new_top();
+        }
         let now = self.image.epoch.load(Ordering::Acquire);
         if now == self.epoch {
             return;
@@ -40,6 +47,18 @@ impl Qcow2Channel {
             None => self.cache.clear(),
         }
         self.epoch = now;
+    }
+
+    /// A snapshot replaced the top (while no request was in flight): writes go to the new
+    /// one, and nothing cached of the old one holds.
+    #[cold]
+    fn take_new_top(&mut self) {
+        let top = self.shared.top.lock().unwrap_or_else(|e| e.into_inner());
+        self.generation = self.shared.generation.load(Ordering::Acquire);
+        self.image = top.image.clone();
+        self.jobs = top.jobs.clone();
+        self.epoch = self.image.epoch.load(Ordering::Acquire);
+        self.cache.clear();
     }
 
     fn to_workers(&self, work: Work, token: u64) -> Started {
@@ -127,10 +146,6 @@ impl Channel for Qcow2Channel {
                 self.to_workers(Work::Zero { offset, len, unmap }, token)
             }
         }
-    }
-
-    fn file_fd(&self) -> Option<RawFd> {
-        Some(self.image.file.as_raw_fd())
     }
 
     fn completion_fd(&self) -> Option<RawFd> {

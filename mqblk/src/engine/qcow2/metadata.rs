@@ -110,25 +110,18 @@ impl Replies {
     }
 }
 
-/// Starts `count` workers named `name`-N serving `jobs` on `image`. They end when every sender
-/// is gone.
-pub fn start_workers(
-    image: &Arc<Image>,
-    count: usize,
-    name: &str,
-) -> io::Result<(Sender<Job>, Vec<std::thread::JoinHandle<()>>)> {
+/// Starts `count` workers named `name`-N serving `image`; returns their queue. They end when
+/// every sender of it is gone.
+pub fn start_workers(image: &Arc<Image>, count: usize, name: &str) -> io::Result<Sender<Job>> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
-    let mut handles = Vec::with_capacity(count);
     for n in 0..count {
         let (image, rx) = (image.clone(), rx.clone());
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("{name}-{n}"))
-                .spawn(move || serve(&image, &rx))?,
-        );
+        std::thread::Builder::new()
+            .name(format!("{name}-{n}"))
+            .spawn(move || serve(&image, &rx))?;
     }
-    Ok((tx, handles))
+    Ok(tx)
 }
 
 fn serve(image: &Image, jobs: &Mutex<Receiver<Job>>) {

@@ -24,14 +24,16 @@ mod mapping;
 mod metadata;
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use rustix::event::{eventfd, EventfdFlags};
 
+use crate::config::qcow2::{BackingFormat, Qcow2Config};
 use crate::config::ExportConfig;
-use crate::engine::{self, Channel, Engine, Limits, OpenError, ResizeError};
+use crate::engine::{self, Channel, Engine, Limits, OpenError, ResizeError, SnapshotError};
 pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
 use image::Image;
@@ -44,14 +46,35 @@ fn worker_count(threads: usize) -> usize {
     threads.clamp(2, 8)
 }
 
+/// The image being written (the top of the chain) and the workers of its metadata path,
+/// replaced as a whole by a snapshot.
+pub struct Top {
+    /// The image.
+    pub image: Arc<Image>,
+    /// Its metadata workers' queue (they end when every sender is gone).
+    pub jobs: Sender<Job>,
+    /// Where it is.
+    pub path: PathBuf,
+}
+
+/// What the engine shares with its channels.
+pub struct Shared {
+    /// The current top.
+    pub top: Mutex<Top>,
+    /// Bumped when `top` is replaced: each channel takes the new one before its next request.
+    pub generation: AtomicU64,
+}
+
 /// A qcow2 export's storage.
 pub struct Qcow2Engine {
-    image: Arc<Image>,
-    jobs: Mutex<Sender<Job>>,
+    shared: Arc<Shared>,
     block_size: u32,
     l2_cache_size: u64,
     writable: bool,
-    _workers: Vec<std::thread::JoinHandle<()>>,
+    direct: bool,
+    /// Names the metadata workers' threads.
+    workers_name: String,
+    worker_count: usize,
 }
 
 /// Opens (or creates, with `size=` or `backing=`) the qcow2 image of `cfg`.
@@ -73,8 +96,16 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, Qcow2Error>
         image::check_backing(path, &cfg.qcow2)?;
     }
     let image = image::open(path, cfg.readonly, cfg.direct)?;
+    let size = image.access.size();
+    if let Some(given) = cfg.size.filter(|&s| s != size) {
+        return Err(Qcow2Error::SizeMismatch {
+            path: path.display().to_string(),
+            given,
+            actual: size,
+        });
+    }
     let block_size = if cfg.direct {
-        engine::uring::probe_direct_block_size(&image.file, image.access.size())
+        engine::uring::probe_direct_block_size(&image.file, size)
     } else {
         512
     };
@@ -86,25 +117,118 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, Qcow2Error>
             block: block_size,
         });
     }
-    let image = Arc::new(image);
-    let (jobs, workers) = metadata::start_workers(
-        &image,
-        worker_count(cfg.num_threads()),
-        &format!("qcow2-{}", cfg.id),
-    )
-    .map_err(|err| Qcow2Error::Io {
-        what: "cannot start the metadata workers of",
-        path: path.display().to_string(),
-        err,
-    })?;
-    Ok(Qcow2Engine {
-        image,
-        jobs: Mutex::new(jobs),
+    let engine = Qcow2Engine {
+        shared: Arc::new(Shared {
+            top: Mutex::new(Top {
+                jobs: std::sync::mpsc::channel().0,
+                image: Arc::new(image),
+                path: path.to_path_buf(),
+            }),
+            generation: AtomicU64::new(0),
+        }),
         block_size,
         l2_cache_size: cfg.qcow2.l2_cache_size,
         writable: !cfg.readonly,
-        _workers: workers,
-    })
+        direct: cfg.direct,
+        workers_name: format!("qcow2-{}", cfg.id),
+        worker_count: worker_count(cfg.num_threads()),
+    };
+    {
+        let mut top = engine.top();
+        top.jobs = engine.start_workers(&top.image, path)?;
+    }
+    Ok(engine)
+}
+
+impl Qcow2Engine {
+    fn top(&self) -> std::sync::MutexGuard<'_, Top> {
+        self.shared.top.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn image(&self) -> Arc<Image> {
+        self.top().image.clone()
+    }
+
+    fn start_workers(&self, image: &Arc<Image>, path: &Path) -> Result<Sender<Job>, Qcow2Error> {
+        metadata::start_workers(image, self.worker_count, &self.workers_name).map_err(|err| {
+            Qcow2Error::Io {
+                what: "cannot start the metadata workers of",
+                path: path.display().to_string(),
+                err,
+            }
+        })
+    }
+
+    /// The snapshot itself (see [`Engine::snapshot`]): the top made durable, a new overlay
+    /// over it, the overlay opened and made the top.
+    fn take_snapshot(&self, overlay: &Path) -> Result<(), Qcow2Error> {
+        let mut top = self.top();
+        let old = top.image.clone();
+        let io = |what: &'static str, path: &Path| {
+            let path = path.display().to_string();
+            move |err: io::Error| Qcow2Error::Io { what, path, err }
+        };
+        if overlay.exists() {
+            return Err(Qcow2Error::SnapshotExists(overlay.display().to_string()));
+        }
+        rustix::fs::fdatasync(&old.file)
+            .map_err(io::Error::from)
+            .and_then(|()| old.access.flush())
+            .and_then(|()| old.access.sync())
+            .map_err(io("cannot flush", &top.path))?;
+        let backing = top
+            .path
+            .canonicalize()
+            .map_err(io("cannot resolve", &top.path))?;
+        let cfg = Qcow2Config {
+            backing: Some(backing),
+            backing_format: Some(BackingFormat::Qcow2),
+            cluster_size: 1 << old.cluster_bits,
+            l2_cache_size: self.l2_cache_size,
+        };
+        image::create(overlay, Some(old.access.size()), &cfg)?;
+        let opened = image::open(overlay, false, self.direct).and_then(|new| {
+            let new = Arc::new(new);
+            let jobs = self.start_workers(&new, overlay)?;
+            Ok((new, jobs))
+        });
+        let (image, jobs) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = std::fs::remove_file(overlay);
+                return Err(e);
+            }
+        };
+        // The old top's workers end once its channels let go of their senders; its imago
+        // instance has nothing left to write (just flushed) and is dropped with the last of
+        // them.
+        *top = Top {
+            image,
+            jobs,
+            path: overlay.to_path_buf(),
+        };
+        self.shared.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Qcow2Engine {
+    /// The export is gone (its I/O threads drained and joined): what imago still holds of
+    /// the metadata is written back, so that a clean shutdown leaves nothing to a flush the
+    /// guest did not send.
+    fn drop(&mut self) {
+        if !self.writable {
+            return;
+        }
+        let image = self.image();
+        let written = rustix::fs::fdatasync(&image.file)
+            .map_err(io::Error::from)
+            .and_then(|()| image.access.flush())
+            .and_then(|()| image.access.sync());
+        if let Err(e) = written {
+            tracing::error!(err = %e, "cannot write the qcow2 metadata back at shutdown");
+        }
+    }
 }
 
 impl Engine for Qcow2Engine {
@@ -113,7 +237,7 @@ impl Engine for Qcow2Engine {
     }
 
     fn capacity(&self) -> u64 {
-        self.image.access.size() & !511
+        self.image().access.size() & !511
     }
 
     fn block_size(&self) -> u32 {
@@ -121,36 +245,36 @@ impl Engine for Qcow2Engine {
     }
 
     fn channel(&self) -> io::Result<Box<dyn Channel>> {
-        let clusters = self
-            .image
-            .access
-            .size()
-            .div_ceil(1 << self.image.cluster_bits);
-        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let top = self.top();
+        let image = top.image.clone();
+        let clusters = image.access.size().div_ceil(1 << image.cluster_bits);
         Ok(Box::new(Qcow2Channel {
-            image: self.image.clone(),
-            jobs,
+            shared: self.shared.clone(),
+            generation: self.shared.generation.load(Ordering::Acquire),
+            jobs: top.jobs.clone(),
             replies: Arc::new(Replies {
                 done: Mutex::new(Vec::new()),
                 event: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
             }),
-            cache: MappingCache::new(self.image.cluster_bits, clusters, self.l2_cache_size),
-            epoch: self.image.epoch.load(std::sync::atomic::Ordering::Acquire),
+            cache: MappingCache::new(image.cluster_bits, clusters, self.l2_cache_size),
+            epoch: image.epoch.load(Ordering::Acquire),
+            image,
             reaped: Vec::new(),
         }))
     }
 
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
-        let actual = self.image.access.size();
+        let image = self.image();
+        let actual = image.access.size();
         match size {
             None => Err(ResizeError::SizeNeeded("qcow2")),
             Some(s) if s < actual => Err(ResizeError::Shrink { actual }),
             Some(s) => {
-                self.image
+                image
                     .access
                     .resize_grow(s, imago::format::PreallocateMode::None)?;
-                self.image.access.flush()?;
-                self.image.access.sync()?;
+                image.access.flush()?;
+                image.access.sync()?;
                 Ok(s)
             }
         }
@@ -159,22 +283,31 @@ impl Engine for Qcow2Engine {
     fn sync_host_cache(&self) -> io::Result<()> {
         // Everything the next backend to open the image (after a migration) needs: data,
         // and the metadata imago holds in memory.
-        rustix::fs::fdatasync(&self.image.file)?;
-        self.image.access.flush()?;
-        self.image.access.sync()
+        let image = self.image();
+        rustix::fs::fdatasync(&image.file)?;
+        image.access.flush()?;
+        image.access.sync()
     }
 
     fn refresh(&self) -> io::Result<()> {
         // Our own metadata first (none is dirty unless this backend wrote since its last
         // flush, which a migration's switch-over includes), then everything imago caches
         // is dropped and the mutable header fields re-read.
-        self.image.access.flush()?;
+        let image = self.image();
+        image.access.flush()?;
         // SAFETY: no request is in flight (the contract of `refresh`), so neither imago nor
         // any thread holds a mapping; the on-disk state is consistent (just flushed here, or
         // by the backend that changed it).
-        unsafe { self.image.access.invalidate_cache() }?;
-        metadata::invalidate(&self.image, 0, u64::MAX / 2);
+        unsafe { image.access.invalidate_cache() }?;
+        metadata::invalidate(&image, 0, u64::MAX / 2);
         Ok(())
+    }
+
+    fn snapshot(&self, overlay: &Path) -> Result<(), SnapshotError> {
+        if !self.writable {
+            return Err(SnapshotError::ReadOnly);
+        }
+        Ok(self.take_snapshot(overlay)?)
     }
 
     fn ring_opcodes(&self) -> &'static [u8] {
