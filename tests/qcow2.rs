@@ -453,9 +453,8 @@ fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
     assert!(e.1.contains("exists"), "{e:?}");
     d.stop();
 
-    assert_eq!(
-        std::fs::read(&img).unwrap(),
-        old_right_after,
+    assert!(
+        std::fs::read(&img).unwrap() == old_right_after,
         "the old image changed after the snapshot"
     );
     assert_checks_clean(&img, false);
