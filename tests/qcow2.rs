@@ -89,10 +89,10 @@ fn overlay_export(sock: &Path, overlay: &Path, base: &Path, format: &str) -> Exp
         .set("backing-format", format)
 }
 
-/// An overlay mqblk creates over a raw and over a qcow2 base: a verified workload through the
-/// libblkio client (4 KiB writes into 64 KiB clusters: copy-on-write from the base around
-/// each), then QEMU reads exactly the base patched with what was written, `qemu-img check`
-/// is clean, and the base image is unchanged.
+/// An overlay mqblk creates over a raw and over a qcow2 base: a verified
+/// workload through the libblkio client (4 KiB writes into 64 KiB clusters: copy-on-write from
+/// the base around each), then QEMU reads exactly the base patched with what was written,
+/// `qemu-img check` is clean, and the base image is unchanged.
 #[test]
 fn overlays_over_raw_and_qcow2_bases_read_back_through_qemu() {
     for format in ["raw", "qcow2"] {
@@ -504,4 +504,93 @@ fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
         0,
         "the new overlay",
     );
+}
+
+/// `export_resize` grows a qcow2 export (the image's virtual size, as QEMU reads it) and
+/// refuses to shrink it, saying how.
+#[test]
+fn resize_grows_the_image_and_refuses_to_shrink() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .set("format", "qcow2")
+        .set("size", "16M")
+        .set("id", "vm");
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+    let status = api.ok(
+        "export_resize",
+        serde_json::json!({"id": "vm", "size": "48M"}),
+    );
+    assert_eq!(status["capacity"], 48u64 << 20, "{status}");
+    let mut c = Client::connect(&sock, 1).unwrap();
+    let tail = pattern_bytes(4096, (48 << 20) - 4096, Some(3));
+    c.write(0, (48 << 20) - 4096, &tail)
+        .expect("a write in the new space");
+    c.flush(0).unwrap();
+    drop(c);
+    let e = api
+        .call(
+            "export_resize",
+            serde_json::json!({"id": "vm", "size": "8M"}),
+        )
+        .unwrap_err();
+    assert!(e.1.contains("qemu-img resize --shrink"), "{e:?}");
+    d.stop();
+    let info = qemu_img_ok(&["info", &img.display().to_string()]);
+    assert!(info.contains("virtual size: 48 MiB"), "{info}");
+    assert_checks_clean(&img, false);
+    let back = read_through_qemu(&img, &dir);
+    assert!(
+        back[(48 << 20) - 4096..] == tail[..],
+        "the write past the old end"
+    );
+}
+
+/// Compressed clusters of a backing image read back (imago decompresses them on the metadata
+/// path), as do the rest of the chain's clusters after writes next to them.
+#[test]
+fn compressed_backing_clusters_read_back() {
+    let dir = TestDir::new();
+    // Compressible: each 4 KiB block is one repeated byte.
+    let data: Vec<u8> = (0..SIZE as usize)
+        .map(|i| (i / 4096 % 251) as u8 + 1)
+        .collect();
+    let raw = dir.join("plain.raw");
+    std::fs::write(&raw, &data).unwrap();
+    let base = dir.join("base.qcow2");
+    qemu_img_ok(&[
+        "convert",
+        "-c",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        &raw.display().to_string(),
+        &base.display().to_string(),
+    ]);
+    let check = qemu_img_ok(&["check", &base.display().to_string()]);
+    assert!(
+        !check.contains(" 0.00% compressed"),
+        "the base has no compressed cluster: {check}"
+    );
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("s.sock");
+    let mut d = Daemon::start(&dir, &[overlay_export(&sock, &overlay, &base, "qcow2")]);
+    let mut c = Client::connect(&sock, 2).unwrap();
+    // A write into the middle of a compressed cluster: copy-on-write decompresses the rest.
+    let mine = pattern_bytes(4096, 3 * CLUSTER + 8192, Some(9));
+    c.write(1, 3 * CLUSTER + 8192, &mine).unwrap();
+    let mut expected = data.clone();
+    expected[(3 * CLUSTER + 8192) as usize..(3 * CLUSTER + 12288) as usize].copy_from_slice(&mine);
+    for off in (0..SIZE).step_by(1 << 20) {
+        let got = c.read_vec((off >> 20) as usize % 2, off, 1 << 20).unwrap();
+        assert!(
+            got[..] == expected[off as usize..(off + (1 << 20)) as usize],
+            "MiB at {off}"
+        );
+    }
+    drop(c);
+    d.stop();
+    assert_checks_clean(&overlay, false);
 }
