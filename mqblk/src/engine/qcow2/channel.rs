@@ -93,7 +93,13 @@ impl Channel for Qcow2Channel {
             } => {
                 // SAFETY: the caller's contract: `iovcnt` valid iovecs.
                 let len = unsafe { engine::op_bytes(op) };
-                if let Some(host) = self.cache.lookup(offset, len) {
+                // A write-through write goes to its cluster directly only once the cluster's
+                // allocation is durable too (see `Image::metadata_durable`).
+                let direct_ok = match *op {
+                    Op::Write { sync: true, .. } => self.image.metadata_durable(),
+                    _ => true,
+                };
+                if let Some(host) = self.cache.lookup(offset, len).filter(|_| direct_ok) {
                     let at_host = match *op {
                         Op::Read {
                             iovs,

@@ -10,8 +10,8 @@ use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use imago::file::File as ImagoFile;
 use imago::qcow2::Qcow2;
@@ -56,18 +56,32 @@ pub struct Image {
     pub epoch: AtomicU64,
     /// The last [`INVALIDATIONS_KEPT`] invalidations, oldest first.
     pub invalidations: Mutex<VecDeque<Invalidation>>,
-    /// Held shared by each write on the metadata path for as long as it runs (through its
-    /// flush, in write-through mode), exclusively while mappings are read out for the threads'
-    /// caches: a thread is never told of a cluster whose allocation is still under way.
-    pub allocating: RwLock<()>,
-    /// A write on the metadata path allocated since the last flush: the next flush syncs the
-    /// data before imago writes the metadata that points at it.
-    pub allocated_since_flush: AtomicBool,
+    /// Metadata-path writes under way (each may be allocating clusters).
+    pub writes_in_progress: AtomicU64,
+    /// Metadata-path writes finished: bumped after imago returns, so that the mappings a
+    /// write created are visible before it counts.
+    pub writes_done: AtomicU64,
+    /// `writes_done` as a flush read it before writing the metadata back: every write counted
+    /// up to here has its metadata on stable storage.
+    pub writes_durable: AtomicU64,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Qcow2Error {
     let path = path.display().to_string();
     move |err| Qcow2Error::Io { what, path, err }
+}
+
+impl Image {
+    /// Whether every metadata-path write so far has its metadata on stable storage: only then
+    /// may a write-through (`RWF_DSYNC`) write go to a cached cluster directly, since the
+    /// cluster's allocation may be one of those writes'. Read in this order, a write that has
+    /// allocated but not yet counted itself done is seen in progress.
+    #[inline]
+    pub fn metadata_durable(&self) -> bool {
+        self.writes_in_progress.load(Ordering::Acquire) == 0
+            && self.writes_durable.load(Ordering::Acquire)
+                == self.writes_done.load(Ordering::Acquire)
+    }
 }
 
 /// Opens `path` for imago and for the rings alike: read-write unless `writable` is false, with
@@ -144,8 +158,9 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Err
         cluster_bits: top.cluster_bits,
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
-        allocating: RwLock::new(()),
-        allocated_since_flush: AtomicBool::new(false),
+        writes_in_progress: AtomicU64::new(0),
+        writes_done: AtomicU64::new(0),
+        writes_durable: AtomicU64::new(0),
     })
 }
 

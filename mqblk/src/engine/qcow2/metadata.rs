@@ -167,15 +167,13 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             for b in bufs {
                 v.push(&*b);
             }
-            let result = {
-                let _allocating = image.allocating.read().unwrap_or_else(|e| e.into_inner());
-                image.allocated_since_flush.store(true, Ordering::Release);
-                let written = image.access.writev(v, offset);
-                match (written, sync) {
-                    (Ok(()), true) => flush(image),
-                    (r, _) => r,
-                }
-            };
+            image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
+            let mut result = image.access.writev(v, offset);
+            image.writes_done.fetch_add(1, Ordering::AcqRel);
+            if result.is_ok() && sync {
+                result = flush(image);
+            }
+            image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
             match result {
                 Ok(()) => (len as i32, hints(image, offset)),
                 Err(e) => (errno(&e), Vec::new()),
@@ -215,12 +213,15 @@ unsafe fn slices(iovs: &IoVecs) -> (Vec<&'static mut [u8]>, usize) {
 
 /// Makes every completed write and the metadata that points at it durable.
 fn flush(image: &Image) -> io::Result<()> {
-    if image.allocated_since_flush.swap(false, Ordering::AcqRel) {
-        // Data before the L2 entries that point at it.
+    let done = image.writes_done.load(Ordering::Acquire);
+    if image.writes_durable.load(Ordering::Acquire) != done {
+        // Data in newly allocated clusters before the L2 entries that point at it.
         rustix::fs::fdatasync(&image.file)?;
     }
     image.access.flush()?;
-    image.access.sync()
+    image.access.sync()?;
+    image.writes_durable.fetch_max(done, Ordering::AcqRel);
+    Ok(())
 }
 
 /// Zeroes `len` bytes at `offset` through imago, keeping the clusters allocated (so no thread's
@@ -285,8 +286,6 @@ fn hints(image: &Image, offset: u64) -> Vec<Hint> {
     let start = offset / window * window;
     let end = (start + window).min(image.access.size());
     let mut out = Vec::new();
-    // No allocation is half done while mappings are read (see `Image::allocating`).
-    let _quiet = image.allocating.write().unwrap_or_else(|e| e.into_inner());
     let mut at = start;
     while at < end {
         let Ok((mapping, n)) = image.access.get_mapping(at, end - at) else {
