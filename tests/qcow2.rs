@@ -594,3 +594,59 @@ fn compressed_backing_clusters_read_back() {
     d.stop();
     assert_checks_clean(&overlay, false);
 }
+
+/// A request over clusters that lie apart in the image file becomes one host I/O per run on
+/// the I/O thread's ring (the `split_parts` counter), and reads and writes the right bytes.
+#[test]
+fn a_request_over_scattered_clusters_is_cut_into_runs() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let stats = dir.join("stats.json");
+    let export = Export::file(&sock, &img)
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string());
+    let mut d = Daemon::start_args(&dir, &[export], &["--stats-file", stats.to_str().unwrap()]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    // Clusters 7, 6, ..., 0 allocated in that order: each lies before the previous one's
+    // neighbour in the file, so no two guest-adjacent clusters are file-adjacent.
+    for k in (0..8u64).rev() {
+        c.write(
+            0,
+            k * CLUSTER,
+            &pattern_bytes(CLUSTER, k * CLUSTER, Some(1)),
+        )
+        .unwrap();
+    }
+    // Each cluster read once, so that the thread holds all eight.
+    for k in 0..8u64 {
+        c.read_vec(0, k * CLUSTER, 4096).unwrap();
+    }
+    let before = export_counter(
+        &stats_when(&stats, Duration::from_secs(10), |_| true).unwrap(),
+        "split_parts",
+    );
+    // 5 clusters' worth from 4 KiB into cluster 1: six runs.
+    let (off, len) = (CLUSTER + 4096, 5 * CLUSTER as usize);
+    let mine = pattern_bytes(len as u64, off, Some(2));
+    c.write(0, off, &mine).unwrap();
+    assert!(
+        c.read_vec(0, off, len).unwrap() == mine,
+        "the scattered write read back"
+    );
+    let want = |v: &serde_json::Value| export_counter(v, "split_parts") >= before + 12;
+    let after = stats_when(&stats, Duration::from_secs(10), want).unwrap();
+    assert!(
+        want(&after),
+        "split_parts {} -> {}: the write and the read were not cut into 6 runs each",
+        before,
+        export_counter(&after, "split_parts")
+    );
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+    let mut expected = pattern_bytes(SIZE, 0, Some(1));
+    expected[8 * CLUSTER as usize..].fill(0);
+    expected[off as usize..off as usize + len].copy_from_slice(&mine);
+    assert_bytes_eq(&read_through_qemu(&img, &dir), &expected, 0, "through QEMU");
+}

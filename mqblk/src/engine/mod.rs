@@ -163,6 +163,10 @@ pub struct Limits {
     pub max_write_zeroes_sectors: u32,
     /// Whether a write-zeroes may deallocate (`VIRTIO_BLK_F_WRITE_ZEROES`' `unmap` honoured).
     pub write_zeroes_may_unmap: bool,
+    /// Whether the channels cut reads and writes where the storage behind them stops being
+    /// contiguous ([`Channel::run_end`]): the I/O thread then starts each run as a part of
+    /// its own.
+    pub cuts_runs: bool,
 }
 
 /// Largest discard / write-zeroes an engine takes unless it says otherwise, in sectors (512
@@ -179,6 +183,7 @@ impl Default for Limits {
             max_discard_sectors: MAX_DWZ_SECTORS,
             max_write_zeroes_sectors: MAX_DWZ_SECTORS,
             write_zeroes_may_unmap: true,
+            cuts_runs: false,
         }
     }
 }
@@ -254,6 +259,13 @@ pub trait Channel {
     unsafe fn retry(&mut self, op: &Op, res: i32, token: u64) -> Option<Started> {
         let _ = (op, res, token);
         None
+    }
+    /// Where the run of a read or write from `offset` (of `len` bytes) that this channel takes
+    /// as one operation ends, at most `offset + len`: an engine whose storage maps guest
+    /// offsets piecewise (a qcow2 image's clusters) cuts where a piece ends, and the I/O thread
+    /// starts the rest as further parts. Called only for engines whose [`Limits::cuts_runs`].
+    fn run_end(&self, offset: u64, len: u64) -> u64 {
+        offset + len
     }
     /// The descriptor every [`Started::Ring`] entry names, if there is one: the thread may
     /// register it as a fixed file (slot = the descriptor number) and mark the entries

@@ -15,12 +15,15 @@ pub struct SplitLimits {
     pub max_iovs: usize,
     /// The engine's block size: every part but the last is whole blocks.
     pub block: u64,
+    /// Whether the engine's channel also cuts I/Os where its storage's runs end
+    /// ([`Channel::run_end`](crate::engine::Channel::run_end)).
+    pub cuts_runs: bool,
 }
 
 impl SplitLimits {
     /// The limits of an engine that has any, with `block` its block size.
     pub fn of(limits: &Limits, block: u32) -> Option<SplitLimits> {
-        if limits.max_transfer.is_none() && limits.max_segments.is_none() {
+        if limits.max_transfer.is_none() && limits.max_segments.is_none() && !limits.cuts_runs {
             return None;
         }
         let block = u64::from(block.max(512));
@@ -32,6 +35,7 @@ impl SplitLimits {
                 .max_segments
                 .map_or(usize::MAX, |m| (m as usize).max(1)),
             block,
+            cuts_runs: limits.cuts_runs,
         })
     }
 
@@ -54,17 +58,26 @@ pub struct Part {
     pub bytes: u64,
 }
 
-/// Cuts the I/O of `iovs` at `offset` into parts within `limits`, writing the parts' iovecs
-/// (an iovec cut in two appears in both parts, each with its share) to `out` and the parts to
-/// `parts`. Returns false if no cut can keep a part within the limits and whole blocks (at
-/// most `max_iovs` iovecs do not hold one block), which fails the request.
+/// Cuts the I/O of `iovs` at `offset` into parts within `limits`, and where `run_end` (given a
+/// part's offset and the bytes left) says its run ends, writing the parts' iovecs (an iovec cut
+/// in two appears in both parts, each with its share) to `out` and the parts to `parts`.
+/// Returns false if no cut can keep a part within the limits and whole blocks (at most
+/// `max_iovs` iovecs do not hold one block), which fails the request.
 pub fn plan(
     iovs: &[libc::iovec],
     offset: u64,
     limits: &SplitLimits,
+    mut run_end: impl FnMut(u64, u64) -> u64,
     out: &mut Vec<libc::iovec>,
     parts: &mut Vec<Part>,
 ) -> bool {
+    let total: u64 = iovs.iter().map(|v| v.iov_len as u64).sum();
+    // The most bytes the part starting at `at` may hold.
+    let mut part_max = |at: u64| {
+        let run = run_end(at, offset + total - at).saturating_sub(at);
+        // A run shorter than a block cannot be a part: cutting there would fail the request.
+        limits.max_bytes.min(run.max(limits.block))
+    };
     out.clear();
     parts.clear();
     // The cursor: iovec `i`, `used` bytes of it already in parts.
@@ -73,15 +86,16 @@ pub fn plan(
         offset,
         ..Part::default()
     };
+    let mut max = part_max(offset);
     loop {
-        while i < iovs.len() && part.count < limits.max_iovs && part.bytes < limits.max_bytes {
+        while i < iovs.len() && part.count < limits.max_iovs && part.bytes < max {
             let left = iovs[i].iov_len - used;
             if left == 0 {
                 i += 1;
                 used = 0;
                 continue;
             }
-            let take = left.min((limits.max_bytes - part.bytes).min(usize::MAX as u64) as usize);
+            let take = left.min((max - part.bytes).min(usize::MAX as u64) as usize);
             out.push(libc::iovec {
                 // A pointer offset within the iovec's own range: only arithmetic here.
                 iov_base: iovs[i].iov_base.wrapping_byte_add(used),
@@ -139,6 +153,7 @@ pub fn plan(
             count: 0,
             bytes: 0,
         };
+        max = part_max(part.offset);
     }
 }
 
@@ -222,8 +237,16 @@ mod tests {
     type Plan = (Vec<(usize, usize)>, Vec<Part>);
 
     fn run(iovs: &[libc::iovec], limits: SplitLimits) -> Option<Plan> {
+        run_cut(iovs, limits, |at, left| at + left)
+    }
+
+    fn run_cut(
+        iovs: &[libc::iovec],
+        limits: SplitLimits,
+        run_end: impl FnMut(u64, u64) -> u64,
+    ) -> Option<Plan> {
         let (mut out, mut parts) = (Vec::new(), Vec::new());
-        plan(iovs, 1 << 20, &limits, &mut out, &mut parts).then(|| {
+        plan(iovs, 1 << 20, &limits, run_end, &mut out, &mut parts).then(|| {
             (
                 out.iter()
                     .map(|v| (v.iov_base as usize, v.iov_len))
@@ -265,6 +288,7 @@ mod tests {
             max_bytes: 32 << 10,
             max_iovs: 127,
             block: 4096,
+            cuts_runs: false,
         };
         let iovs = [iov(0x10_0000, 128 << 10)];
         let (out, parts) = run(&iovs, l).unwrap();
@@ -281,6 +305,41 @@ mod tests {
     }
 
     #[test]
+    fn runs_the_channel_reports_become_parts() {
+        // Runs end 60 KiB into the I/O and every 64 KiB after (qcow2 clusters mapped apart,
+        // the I/O starting 4 KiB into one): its parts are 60, 64, 64 and the 4 KiB left.
+        let l = SplitLimits {
+            max_bytes: u64::MAX,
+            max_iovs: usize::MAX,
+            block: 512,
+            cuts_runs: true,
+        };
+        let first_end = (1u64 << 20) + (60 << 10);
+        let cluster_end = |at: u64, left: u64| {
+            let e = if at < first_end {
+                first_end
+            } else {
+                first_end + ((at - first_end) / 65536 + 1) * 65536
+            };
+            e.min(at + left)
+        };
+        let iovs = [iov(0x10_0000, 100 << 10), iov(0x40_0000, 92 << 10)];
+        let (out, parts) = run_cut(&iovs, l, cluster_end).unwrap();
+        let sizes: Vec<u64> = parts.iter().map(|p| p.bytes).collect();
+        assert_eq!(sizes, vec![60 << 10, 64 << 10, 64 << 10, 4 << 10]);
+        assert_eq!(parts[1].offset, first_end);
+        check_covers(&iovs, &out, &parts, &l);
+        // The transfer limit still applies within a run.
+        let l = SplitLimits {
+            max_bytes: 16 << 10,
+            ..l
+        };
+        let (out, parts) = run_cut(&iovs, l, cluster_end).unwrap();
+        assert!(parts.iter().all(|p| p.bytes <= 16 << 10));
+        check_covers(&iovs, &out, &parts, &l);
+    }
+
+    #[test]
     fn too_many_iovecs_are_cut_on_block_boundaries() {
         // 512-byte segments on a 4 KiB-block device, 3 iovecs a part at most: a part of 1536
         // bytes holds no whole block, so no valid cut exists.
@@ -288,6 +347,7 @@ mod tests {
             max_bytes: 1 << 20,
             max_iovs: 3,
             block: 4096,
+            cuts_runs: false,
         };
         let tiny: Vec<_> = (0..16).map(|k| iov(0x10_0000 + k * 0x1000, 512)).collect();
         assert!(run(&tiny, l).is_none());
@@ -319,6 +379,7 @@ mod tests {
                 max_bytes: block * (1 + (x >> 20) % 16),
                 max_iovs: 8 + (x >> 40) as usize % 8,
                 block,
+                cuts_runs: false,
             };
             let iovs: Vec<_> = (0..n)
                 .map(|k| {

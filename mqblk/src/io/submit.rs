@@ -287,14 +287,24 @@ impl IoThread {
         };
         let slot = self.slots.get_mut(lead);
         let bytes: u64 = slot.io_iovs().iter().map(|v| v.iov_len as u64).sum();
-        if !limits.needed(bytes, slot.io_iovs().len()) {
+        let channel = &self.channel;
+        let cut = limits.cuts_runs && channel.run_end(offset, bytes) < offset + bytes;
+        if !cut && !limits.needed(bytes, slot.io_iovs().len()) {
             return false;
         }
         let mut split = std::mem::take(&mut slot.split);
+        let run_end = |at, left| {
+            if limits.cuts_runs {
+                channel.run_end(at, left)
+            } else {
+                at + left
+            }
+        };
         let ok = plan(
             slot.io_iovs(),
             offset,
             &limits,
+            run_end,
             &mut split.iovs,
             &mut split.parts,
         );

@@ -284,6 +284,7 @@ fn limits_of(ctrl: &identify::Controller, ns: &identify::Namespace, path: &Path)
         max_discard_sectors: MAX_DWZ_SECTORS,
         max_write_zeroes_sectors,
         write_zeroes_may_unmap: ns.write_zeroes_deallocates && ns.deallocated_reads_zeroes,
+        cuts_runs: false,
     }
 }
 

@@ -154,6 +154,10 @@ impl Channel for Qcow2Channel {
         }
     }
 
+    fn run_end(&self, offset: u64, len: u64) -> u64 {
+        self.cache.run_end(offset, len)
+    }
+
     fn completion_fd(&self) -> Option<RawFd> {
         Some(metadata::event_fd(&self.replies))
     }

@@ -70,6 +70,28 @@ impl MappingCache {
         Some(base + (offset & ((1 << self.cluster_bits) - 1)))
     }
 
+    /// Where the run from `offset` ends, at most `offset + len`: the last of the clusters
+    /// that follow the first one in the file if it is held (one ring entry serves them), or
+    /// the first held cluster after it if it is not (the metadata path serves the stretch).
+    pub fn run_end(&self, offset: u64, len: u64) -> u64 {
+        let end = offset + len;
+        let first = offset >> self.cluster_bits;
+        let first_host = self.host_of(first);
+        let mut c = first + 1;
+        while c << self.cluster_bits < end {
+            let continues = match (first_host, self.host_of(c)) {
+                (Some(h), Some(hc)) => hc == h + ((c - first) << self.cluster_bits),
+                (None, None) => true,
+                _ => false,
+            };
+            if !continues {
+                return c << self.cluster_bits;
+            }
+            c += 1;
+        }
+        end
+    }
+
     #[inline]
     fn host_of(&self, cluster: u64) -> Option<u64> {
         let (tag, host) = self.slots[self.slot(cluster)];
@@ -123,6 +145,20 @@ mod tests {
         m.insert(6 * C, 9 * C, C);
         // Clusters 5 and 6 are both held but not contiguous in the file.
         assert_eq!(m.lookup(6 * C - 512, 1024), None);
+    }
+
+    #[test]
+    fn runs_end_where_the_file_mapping_breaks() {
+        let mut m = MappingCache::new(16, 64, 4 << 20);
+        m.insert(0, 10 * C, 2 * C); // clusters 0-1 contiguous
+        m.insert(2 * C, 40 * C, C); // cluster 2 elsewhere
+                                    // clusters 3 and 4 not held; cluster 5 held
+        m.insert(5 * C, 50 * C, C);
+        assert_eq!(m.run_end(4096, 8 * C), 2 * C);
+        assert_eq!(m.run_end(2 * C, 8 * C), 3 * C);
+        assert_eq!(m.run_end(3 * C + 512, 8 * C), 5 * C);
+        assert_eq!(m.run_end(5 * C, 4096), 5 * C + 4096);
+        assert_eq!(m.run_end(4096, 4096), 8192);
     }
 
     #[test]

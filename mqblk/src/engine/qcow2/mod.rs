@@ -318,6 +318,7 @@ impl Engine for Qcow2Engine {
         Limits {
             discard: self.writable,
             write_zeroes: self.writable,
+            cuts_runs: true,
             ..Limits::default()
         }
     }
