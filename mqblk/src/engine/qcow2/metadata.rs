@@ -170,8 +170,12 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
             let mut result = image.access.writev(v, offset);
             image.writes_done.fetch_add(1, Ordering::AcqRel);
-            if result.is_ok() && sync {
-                result = flush(image);
+            if result.is_ok() {
+                result = if sync {
+                    flush(image)
+                } else {
+                    write_back(image)
+                };
             }
             image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
             match result {
@@ -183,10 +187,12 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             Ok(()) => (0, Vec::new()),
             Err(e) => (errno(&e), Vec::new()),
         },
-        Work::Zero { offset, len, unmap } => match zero(image, offset, len, unmap) {
-            Ok(()) => (0, Vec::new()),
-            Err(e) => (errno(&e), Vec::new()),
-        },
+        Work::Zero { offset, len, unmap } => {
+            match zero(image, offset, len, unmap).and_then(|()| write_back(image)) {
+                Ok(()) => (0, Vec::new()),
+                Err(e) => (errno(&e), Vec::new()),
+            }
+        }
     }
 }
 
@@ -209,6 +215,16 @@ unsafe fn slices(iovs: &IoVecs) -> (Vec<&'static mut [u8]>, usize) {
         })
         .collect();
     (bufs, total)
+}
+
+/// Writes what imago holds of the metadata (L2 tables, refcount blocks) to the image file, without
+/// syncing: done before a write or a zeroing on the metadata path completes, so that a crash of
+/// mqblk loses none of it (the kernel has it), as a crash loses nothing of a raw image. A guest
+/// that survives mqblk (it reconnects, and in-flight tracking resubmits only what had not
+/// completed) must find every completed write. imago writes only what changed; writes that
+/// complete while one worker writes back are covered by the next.
+fn write_back(image: &Image) -> io::Result<()> {
+    image.access.flush()
 }
 
 /// Makes every completed write and the metadata that points at it durable.
