@@ -11,12 +11,26 @@
 //! (and zeros everywhere the guest did not write), stops mqblk with SIGTERM (it must exit 0),
 //! and checks the image again.
 //!
-//! Needs what `bash .ci/setup` installs: qemu-system-x86_64, busybox-static, cpio, and the guest
-//! kernel and virtio_blk module under target/guest. Without them this test fails (on purpose).
+//! Tests: `guest_writes_and_reads_back_through_vhost_user_blk` (the raw image above) and
+//! `guest_writes_and_reads_back_through_a_qcow2_overlay`: the same guest run on a `format=qcow2`
+//! export, an overlay with 2 MiB clusters that mqblk creates over a raw base image
+//! (`backing=base.raw,backing-format=raw`). The base holds zeros where the guest expects zeros
+//! and other data (the pattern of another seed) where the guest writes, so every guest write
+//! into a cluster of the overlay that is not yet allocated copies the rest of the cluster from
+//! the base, and that old data must be overwritten by the guest's later writes: its 64 KiB
+//! writes fill each 2 MiB cluster in 32 steps, and its two parallel O_DIRECT writers (one per
+//! queue) meet in one cluster. The image checks read the guest-visible bytes through QEMU
+//! (`qemu-img convert -O raw`); after mqblk has exited, `qemu-img check` must find the image
+//! clean (exit 0) and the base must be unchanged.
+//!
+//! Needs what `bash .ci/setup` installs: qemu-system-x86_64, qemu-img, busybox-static, cpio,
+//! and the guest kernel and virtio_blk module under target/guest. Without them this test fails
+//! (on purpose).
 //!
 //! Environment knobs, for development and for reproducing a failure:
 //! - `MQBLK_GUEST_BACKEND=qsd`: serve the disk with qemu-storage-daemon instead of mqblk (to tell
-//!   a guest/test problem from an mqblk problem); the default is `mqblk`.
+//!   a guest/test problem from an mqblk problem); the default is `mqblk`. For the qcow2 test,
+//!   qemu-img creates the same overlay and qemu-storage-daemon serves it.
 //! - `MQBLK_GUEST_SEED=N`: pattern seed (1..=2147483646); the default is derived from the clock
 //!   and printed, and failures print it too.
 //! - `MQBLK_GUEST_KEEP=1`: keep the work directory (image, console, logs) even when the test
@@ -33,7 +47,7 @@ use support::daemon::{stats_when, write_image, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT
 use support::proc::Proc;
 use support::qemu::{
     failure_list, log_section, mqblk_serve, park_miller, read_lossy, report_line, result_failure,
-    seed_from_env, word_value, GuestBoot, Qemu, WorkDir, PARK_MILLER_M,
+    seed_from_env, word_value, GuestBoot, Qemu, WorkDir, PARK_MILLER_M, SETUP_HINT,
 };
 
 /// Image size in 512-byte sectors (64 MiB).
@@ -46,19 +60,33 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[test]
 fn guest_writes_and_reads_back_through_vhost_user_blk() {
+    guest_run(Disk::Raw);
+}
+
+#[test]
+fn guest_writes_and_reads_back_through_a_qcow2_overlay() {
+    guest_run(Disk::Qcow2);
+}
+
+/// The tests run one at a time: each runs a TCG guest on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The guest run on a disk stored as `disk`, and every check of it (see the top of this file).
+fn guest_run(disk: Disk) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let boot = GuestBoot::prepare("tests/guest/mkinitramfs.sh");
     let backend = BackendKind::from_env();
     let seed = seed_from_env();
 
-    let run = Run::new(seed);
+    let run = Run::new(seed, disk);
     eprintln!(
-        "guest test: {}; backend {backend:?}; seed {seed}; work dir {}",
+        "guest test: {}; backend {backend:?}; {disk:?} disk; seed {seed}; work dir {}",
         boot.qemu_version,
         run.dir.path.display()
     );
 
-    write_image(&run.dir.image, IMAGE_SECTORS * SECTOR as u64, None);
+    let base = run.prepare_disk(backend);
 
     let mut server = run.start_backend(backend);
     if let Err(e) = server.wait_for_socket(&run.dir.socket, STARTUP_TIMEOUT, || true) {
@@ -96,15 +124,31 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
         failures.extend(check_write_through(&console, &run.stats));
     }
 
-    // Every write the guest saw complete must be in the file while the backend still runs, and
-    // must still be there after it has shut down.
-    let image_before = check_image(&run.dir.image, seed);
-    let image_ok = image_before.is_empty();
-    failures.extend(image_before);
+    // Every write the guest saw complete must be in the image while the backend still runs,
+    // and must still be there after it has shut down. (On qcow2 too: the guest's fsync of
+    // region B flushed everything written before it, and the write-through rewrite of region A
+    // after it lands in clusters allocated before it.) qemu-storage-daemon offers the disk
+    // write-through, so the guest sends no flush, and keeps the qcow2 metadata in memory: with
+    // it, the qcow2 image is checked only after it has exited.
+    let mut image_ok = true;
+    if !(disk == Disk::Qcow2 && backend == BackendKind::Qsd) {
+        let image_before = run.check_disk();
+        image_ok = image_before.is_empty();
+        failures.extend(image_before);
+    }
     failures.extend(server.terminate(SHUTDOWN_TIMEOUT));
+    if let Some(base) = base {
+        failures.extend(check_qcow2_image(&run.dir.image));
+        if fs::read(&run.base).ok().as_ref() != Some(&base) {
+            failures.push(format!(
+                "the backing image {} was written to",
+                run.base.display()
+            ));
+        }
+    }
     if image_ok {
         failures.extend(
-            check_image(&run.dir.image, seed)
+            run.check_disk()
                 .into_iter()
                 .map(|f| format!("after the backend exited: {f}")),
         );
@@ -119,6 +163,21 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// How the guest's disk is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Disk {
+    /// A raw image: the file holds the guest's bytes.
+    Raw,
+    /// A qcow2 overlay with `QCOW2_CLUSTER` clusters over a raw base image (see the top of this
+    /// file); QEMU reads the guest's bytes out of it for the checks.
+    Qcow2,
+}
+
+/// The qcow2 overlay's cluster size: larger than the guest's 64 KiB writes, so that each first
+/// write into a cluster copies the rest of it from the base, and large enough that the two
+/// O_DIRECT writers of region A (a half each, 2 MiB) meet in one cluster.
+const QCOW2_CLUSTER: &str = "2M";
 
 /// Which daemon serves the disk.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -142,19 +201,57 @@ impl BackendKind {
 struct Run {
     dir: WorkDir,
     seed: u64,
+    disk: Disk,
+    /// The qcow2 overlay's backing image (`Disk::Qcow2`).
+    base: PathBuf,
     backend_log: PathBuf,
     /// mqblk's `--stats-file`.
     stats: PathBuf,
 }
 
 impl Run {
-    fn new(seed: u64) -> Self {
-        let dir = WorkDir::new("mqblk-guest.");
+    fn new(seed: u64, disk: Disk) -> Self {
+        let mut dir = WorkDir::new("mqblk-guest.");
+        if disk == Disk::Qcow2 {
+            dir.image = dir.path.join("disk.qcow2");
+        }
         Run {
             seed,
+            disk,
+            base: dir.path.join("base.raw"),
             backend_log: dir.path.join("backend.log"),
             stats: dir.path.join("stats.json"),
             dir,
+        }
+    }
+
+    /// Writes the raw image; for qcow2, the base image (returned, to check later that it was
+    /// not written), and for qemu-storage-daemon the overlay (mqblk creates its own).
+    fn prepare_disk(&self, kind: BackendKind) -> Option<Vec<u8>> {
+        let size = IMAGE_SECTORS * SECTOR as u64;
+        match self.disk {
+            Disk::Raw => {
+                write_image(&self.dir.image, size, None);
+                None
+            }
+            Disk::Qcow2 => {
+                let base = base_image(self.seed);
+                fs::write(&self.base, &base)
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", self.base.display()));
+                if kind == BackendKind::Qsd {
+                    let image = self.dir.image.display().to_string();
+                    let cluster = format!("cluster_size={QCOW2_CLUSTER}");
+                    match qemu_img(&[
+                        "create", "-f", "qcow2", "-o", &cluster, "-b", "base.raw", "-F", "raw",
+                        &image,
+                    ]) {
+                        Ok((0, _)) => {}
+                        Ok((code, out)) => panic!("qemu-img create exited {code}: {out}"),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                Some(base)
+            }
         }
     }
 
@@ -163,28 +260,82 @@ impl Run {
     fn start_backend(&self, kind: BackendKind) -> Proc {
         let (name, mut cmd) = match kind {
             BackendKind::Mqblk => {
-                let mut cmd =
-                    mqblk_serve(Path::new(env!("CARGO_BIN_EXE_mqblk")), &self.dir, QUEUES);
+                let bin = Path::new(env!("CARGO_BIN_EXE_mqblk"));
+                let mut cmd = match self.disk {
+                    Disk::Raw => mqblk_serve(bin, &self.dir, QUEUES),
+                    Disk::Qcow2 => {
+                        // mqblk creates the overlay (the backing path as given: relative to
+                        // the overlay's directory).
+                        let export = format!(
+                            "socket={},path={},queues={QUEUES},format=qcow2,backing=base.raw,\
+                             backing-format=raw,cluster-size={QCOW2_CLUSTER}",
+                            self.dir.socket.display(),
+                            self.dir.image.display()
+                        );
+                        let mut cmd = Command::new(bin);
+                        cmd.env("NO_COLOR", "1")
+                            .args(["serve", "--export", &export]);
+                        cmd
+                    }
+                };
                 cmd.arg("--stats-file").arg(&self.stats);
                 ("mqblk", cmd)
             }
             BackendKind::Qsd => {
                 let mut cmd = Command::new("qemu-storage-daemon");
-                cmd.arg("--blockdev")
-                    .arg(format!(
-                        "driver=file,node-name=file0,filename={},cache.direct=on",
-                        self.dir.image.display()
-                    ))
-                    .arg("--export")
-                    .arg(format!(
-                        "type=vhost-user-blk,id=exp0,node-name=file0,addr.type=unix,\
-                         addr.path={},writable=on,num-queues={QUEUES}",
-                        self.dir.socket.display()
-                    ));
+                cmd.arg("--blockdev").arg(format!(
+                    "driver=file,node-name=file0,filename={},cache.direct=on",
+                    self.dir.image.display()
+                ));
+                let node = match self.disk {
+                    Disk::Raw => "file0",
+                    Disk::Qcow2 => {
+                        // The backing image is opened as the overlay's header names it.
+                        cmd.arg("--blockdev")
+                            .arg("driver=qcow2,node-name=fmt0,file=file0");
+                        "fmt0"
+                    }
+                };
+                cmd.arg("--export").arg(format!(
+                    "type=vhost-user-blk,id=exp0,node-name={node},addr.type=unix,\
+                     addr.path={},writable=on,num-queues={QUEUES}",
+                    self.dir.socket.display()
+                ));
                 ("qemu-storage-daemon", cmd)
             }
         };
         Proc::spawn_logged(name.into(), &mut cmd, &self.backend_log)
+    }
+
+    /// Checks the guest's bytes: the raw image's, or what QEMU reads out of the qcow2 overlay.
+    fn check_disk(&self) -> Vec<String> {
+        match self.disk {
+            Disk::Raw => check_image(&self.dir.image, self.seed),
+            Disk::Qcow2 => {
+                let out = self.dir.path.join("converted.raw");
+                let _ = fs::remove_file(&out);
+                let (image, raw) = (
+                    self.dir.image.display().to_string(),
+                    out.display().to_string(),
+                );
+                // -U: qemu-storage-daemon (MQBLK_GUEST_BACKEND=qsd) holds QEMU's image locks.
+                let failures =
+                    match qemu_img(&["convert", "-U", "-f", "qcow2", "-O", "raw", &image, &raw]) {
+                        Ok((0, _)) => check_image(&out, self.seed)
+                            .into_iter()
+                            .map(|f| format!("read through `qemu-img convert`: {f}"))
+                            .collect(),
+                        Ok((code, text)) => {
+                            vec![format!("qemu-img convert {image} exited {code}: {text}")]
+                        }
+                        Err(e) => vec![e],
+                    };
+                if failures.is_empty() {
+                    let _ = fs::remove_file(&out);
+                }
+                failures
+            }
+        }
     }
 
     fn start_qemu(&self, boot: &GuestBoot) -> Proc {
@@ -355,6 +506,52 @@ impl Pattern {
         s.extend_from_slice(&self.bodies[(x % 64) as usize]);
         assert_eq!(s.len(), SECTOR);
         s
+    }
+}
+
+/// The qcow2 overlay's base image: zeros where the guest leaves zeros, and where it writes, the
+/// pattern of another seed (old data, which must not show through).
+fn base_image(seed: u64) -> Vec<u8> {
+    let old = Pattern::new(seed % (PARK_MILLER_M - 2) + 1);
+    let mut image = vec![0u8; IMAGE_SECTORS as usize * SECTOR];
+    for (_, start, count, content) in layout(IMAGE_SECTORS) {
+        if content == Content::Pattern {
+            for lba in start..start + count {
+                let at = lba as usize * SECTOR;
+                image[at..at + SECTOR].copy_from_slice(&old.sector(lba));
+            }
+        }
+    }
+    image
+}
+
+/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
+fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
+    let out = Command::new("qemu-img")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+/// `qemu-img check` of the qcow2 image: it must find it clean (exit 0: no corruption, no
+/// leaked cluster, as after a clean shutdown).
+fn check_qcow2_image(image: &Path) -> Vec<String> {
+    match qemu_img(&["check", "-f", "qcow2", &image.display().to_string()]) {
+        Ok((0, text)) => {
+            eprintln!("qemu-img check {}: {}", image.display(), text.trim());
+            vec![]
+        }
+        Ok((code, text)) => vec![format!(
+            "qemu-img check {} exited {code} (expected 0):\n{text}",
+            image.display()
+        )],
+        Err(e) => vec![e],
     }
 }
 

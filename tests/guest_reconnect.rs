@@ -36,15 +36,27 @@
 //! notification in a restart (the guest waits for requests that are complete) fails the same
 //! way.
 //!
-//! Needs what `bash .ci/setup` installs: qemu-system-x86_64, busybox-static, fio, cpio, zstd or
-//! gzip, and the guest kernel and virtio_blk module under target/guest. Without them this test
-//! fails (on purpose).
+//! Tests: `guest_survives_backend_sigkill_and_restart` (the raw image above, 20 kills) and
+//! `guest_survives_backend_sigkill_and_restart_on_qcow2`: the same run with `QCOW2_KILLS` (6)
+//! kills on a `format=qcow2` export, an overlay with 64 KiB clusters that the first mqblk
+//! creates over a raw base of zeros (`backing=base.raw,backing-format=raw`), so fio's 4 KiB to
+//! 1 MiB writes allocate clusters, copy from the base around them, and turn the zero clusters
+//! each pass's discard leaves back into data, while the backend is killed. The stop marker goes
+//! into the base (the guest never writes that cluster, so it reads it from there). The image
+//! checks read the guest's bytes through QEMU (`qemu-img convert -O raw`), and only after the
+//! last mqblk has exited (before that, the metadata of writes since the guest's last flush may
+//! still be in mqblk's memory); `qemu-img check` must then exit 0 or 3 (leaked clusters only,
+//! which a SIGKILL may leave, as with QEMU).
+//!
+//! Needs what `bash .ci/setup` installs: qemu-system-x86_64, qemu-img, busybox-static, fio, cpio,
+//! zstd or gzip, and the guest kernel and virtio_blk module under target/guest. Without them this
+//! test fails (on purpose).
 //!
 //! Environment knobs, for development and for reproducing a failure:
 //! - `MQBLK_GUEST_SEED=N`: seed of fio's data and of the kill schedule (1..=2147483646); the
 //!   default is derived from the clock and printed, and failures print it too.
-//! - `MQBLK_RECONNECT_KILLS=N`: how many times to kill the backend (default 20; 0 runs the same
-//!   workload for `CONTROL_RUN` without kills, as a control).
+//! - `MQBLK_RECONNECT_KILLS=N`: how many times to kill the backend (default 20, 6 on qcow2; 0
+//!   runs the same workload for `CONTROL_RUN` without kills, as a control).
 //! - `MQBLK_RECONNECT_MQBLK=PATH`: the mqblk binary to test instead of the one cargo built (for
 //!   example an older build, to see that this test catches a backend without in-flight
 //!   tracking).
@@ -63,7 +75,7 @@ use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
     failure_list, log_section, md5_hex, mqblk_serve, read_lossy, result_failure, seed_from_env,
-    tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
+    tail, word_value, GuestBoot, Qemu, WorkDir, MARK, SETUP_HINT,
 };
 use support::rng::XorShift;
 
@@ -106,6 +118,8 @@ const BURST_KILL_MS: (u64, u64) = (2, 40);
 /// flight, then go on anyway.
 const BUSY_WAIT: Duration = Duration::from_secs(3);
 const BUSY_INFLIGHT: u64 = 8;
+/// Kills of the qcow2 run: fewer, so it takes about a minute.
+const QCOW2_KILLS: usize = 6;
 /// Requests the guest must have completed before the first kill (fio is really running).
 const WARMUP_IOS: u64 = 300;
 /// Boot to the first kill.
@@ -120,21 +134,66 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 const POLL: Duration = Duration::from_millis(20);
 #[test]
 fn guest_survives_backend_sigkill_and_restart() {
+    reconnect_run(Disk::Raw);
+}
+
+/// Fails today, so `cargo test` leaves it out (run it by name with `--ignored`): a SIGKILLed
+/// mqblk loses the qcow2 metadata of the writes it completed since the guest's last flush (imago
+/// writes allocations back on flush), so the clusters those writes allocated read as zeros (or
+/// the base) after the restart, and fio's verification in the guest fails in the first pass
+/// with a kill (`got pattern '00'`). A guest sees no power loss there, only a reconnect, so it
+/// does not write those blocks again.
+#[test]
+#[ignore = "fails: a SIGKILLed mqblk loses completed, unflushed qcow2 writes"]
+fn guest_survives_backend_sigkill_and_restart_on_qcow2() {
+    reconnect_run(Disk::Qcow2);
+}
+
+/// How the guest's disk is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Disk {
+    /// A raw image: the file holds the guest's bytes, and the test writes the stop marker into
+    /// it.
+    Raw,
+    /// A qcow2 overlay (64 KiB clusters) that the first mqblk creates over a raw base of zeros;
+    /// the test writes the stop marker into the base (the guest never writes that cluster) and
+    /// reads the guest's bytes through `qemu-img convert`.
+    Qcow2,
+}
+
+impl Disk {
+    /// Kills unless `MQBLK_RECONNECT_KILLS` says otherwise.
+    fn default_kills(self) -> usize {
+        match self {
+            Disk::Raw => DEFAULT_KILLS,
+            Disk::Qcow2 => QCOW2_KILLS,
+        }
+    }
+}
+
+/// The tests run one at a time: each runs a TCG guest on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The whole test (see the top of this file) on a disk stored as `disk`.
+fn reconnect_run(disk: Disk) {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let boot = GuestBoot::prepare("tests/guest/mkinitramfs-fio.sh");
     let seed = seed_from_env();
-    let kills = kills_from_env();
+    let kills = kills_from_env(disk.default_kills());
     let mqblk = mqblk_from_env();
 
-    let mut run = Run::new(seed, mqblk);
+    let mut run = Run::new(seed, mqblk, disk);
     eprintln!(
-        "guest reconnect test: {}; backend {}; seed {seed}; {kills} kills; work dir {}",
+        "guest reconnect test: {}; backend {}; {disk:?} disk; seed {seed}; {kills} kills; work \
+         dir {}",
         boot.qemu_version,
         run.mqblk.display(),
         run.dir.path.display()
     );
 
-    write_image(&run.dir.image, IMAGE_MB * MIB, None);
+    // For qcow2: the base (the first mqblk creates the overlay over it).
+    write_image(run.raw_file(), IMAGE_MB * MIB, None);
 
     run.start_backend();
     if let Err(e) = run.wait_for_socket() {
@@ -152,7 +211,7 @@ fn guest_survives_backend_sigkill_and_restart() {
     }
     // Let the guest finish its workload.
     if failures.is_empty() {
-        if let Err(e) = write_stop_marker(&run.dir.image) {
+        if let Err(e) = write_stop_marker(run.raw_file()) {
             failures.push(e);
         }
         watch.event("stop marker written".into());
@@ -189,16 +248,33 @@ fn guest_survives_backend_sigkill_and_restart() {
     }
     if failures.is_empty() {
         // Every write the guest saw complete must be in the file while the backend still runs,
-        // and must still be there after it has shut down.
+        // and must still be there after it has shut down. (Not so on qcow2 while mqblk runs:
+        // the metadata of writes after the guest's last flush may still be in mqblk's memory.)
         let md5s = guest_md5s(&watch);
         let passes = watch.value("workload-done", "passes").unwrap_or(0);
-        let image_before = check_image(&run.dir.image, seed, passes, &md5s);
-        let image_ok = image_before.is_empty();
-        failures.extend(image_before);
+        let mut image_ok = true;
+        if disk == Disk::Raw {
+            let image_before = check_image(&run.dir.image, seed, passes, &md5s);
+            image_ok = image_before.is_empty();
+            failures.extend(image_before);
+        }
         failures.extend(run.stop_backend());
+        if disk == Disk::Qcow2 {
+            failures.extend(check_qcow2_image(&run.dir.image));
+        }
         if image_ok {
+            let after = match disk {
+                Disk::Raw => check_image(&run.dir.image, seed, passes, &md5s),
+                Disk::Qcow2 => match guest_bytes(&run.dir.image, &run.dir.path) {
+                    Ok(raw) => check_image(&raw, seed, passes, &md5s)
+                        .into_iter()
+                        .map(|f| format!("read through `qemu-img convert`: {f}"))
+                        .collect(),
+                    Err(e) => vec![e],
+                },
+            };
             failures.extend(
-                check_image(&run.dir.image, seed, passes, &md5s)
+                after
                     .into_iter()
                     .map(|f| format!("after the backend exited: {f}")),
             );
@@ -555,12 +631,54 @@ fn write_stop_marker(image: &Path) -> Result<(), String> {
         .map_err(|e| format!("writing the stop marker: {e}"))
 }
 
-fn kills_from_env() -> usize {
+fn kills_from_env(default: usize) -> usize {
     match std::env::var("MQBLK_RECONNECT_KILLS") {
         Ok(s) => s
             .parse()
             .unwrap_or_else(|e| panic!("MQBLK_RECONNECT_KILLS={s:?}: {e}")),
-        Err(_) => DEFAULT_KILLS,
+        Err(_) => default,
+    }
+}
+
+/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
+fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
+    let out = std::process::Command::new("qemu-img")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
+/// `qemu-img check` of the qcow2 image: exit 0, or 3 (leaked clusters only: a SIGKILLed
+/// backend may leave clusters it had allocated and not yet mapped, as QEMU would).
+fn check_qcow2_image(image: &Path) -> Vec<String> {
+    match qemu_img(&["check", "-f", "qcow2", &image.display().to_string()]) {
+        Ok((code @ (0 | 3), text)) => {
+            eprintln!("qemu-img check (exit {code}): {}", text.trim());
+            vec![]
+        }
+        Ok((code, text)) => vec![format!(
+            "qemu-img check {} exited {code} (0 or 3 expected):\n{text}",
+            image.display()
+        )],
+        Err(e) => vec![e],
+    }
+}
+
+/// The guest's bytes of the qcow2 image, as QEMU reads them: converted to a raw file in `dir`,
+/// whose path it returns.
+fn guest_bytes(image: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let out = dir.join("converted.raw");
+    let _ = fs::remove_file(&out);
+    let (image, raw) = (image.display().to_string(), out.display().to_string());
+    match qemu_img(&["convert", "-f", "qcow2", "-O", "raw", &image, &raw])? {
+        (0, _) => Ok(out),
+        (code, text) => Err(format!("qemu-img convert {image} exited {code}: {text}")),
     }
 }
 
@@ -588,6 +706,9 @@ struct Backend {
 /// One test run: its files, in a [`WorkDir`], and its processes.
 struct Run {
     dir: WorkDir,
+    disk: Disk,
+    /// The qcow2 overlay's base (`Disk::Qcow2`).
+    base: PathBuf,
     seed: u64,
     mqblk: PathBuf,
     backends: Vec<Backend>,
@@ -595,13 +716,27 @@ struct Run {
 }
 
 impl Run {
-    fn new(seed: u64, mqblk: PathBuf) -> Self {
+    fn new(seed: u64, mqblk: PathBuf, disk: Disk) -> Self {
+        let mut dir = WorkDir::new("mqblk-reconnect.");
+        if disk == Disk::Qcow2 {
+            dir.image = dir.path.join("disk.qcow2");
+        }
         Run {
-            dir: WorkDir::new("mqblk-reconnect."),
+            base: dir.path.join("base.raw"),
+            dir,
+            disk,
             seed,
             mqblk,
             backends: Vec::new(),
             kills: Vec::new(),
+        }
+    }
+
+    /// The raw file the test writes: the image, or the qcow2 overlay's base.
+    fn raw_file(&self) -> &Path {
+        match self.disk {
+            Disk::Raw => &self.dir.image,
+            Disk::Qcow2 => &self.base,
         }
     }
 
@@ -617,7 +752,23 @@ impl Run {
     fn start_backend(&mut self) {
         let n = self.backends.len();
         let log = self.dir.path.join(format!("backend-{n}.log"));
-        let mut cmd = mqblk_serve(&self.mqblk, &self.dir, QUEUES);
+        let mut cmd = match self.disk {
+            Disk::Raw => mqblk_serve(&self.mqblk, &self.dir, QUEUES),
+            Disk::Qcow2 => {
+                // The first one creates the overlay; the backing path as given, relative to the
+                // overlay's directory.
+                let export = format!(
+                    "socket={},path={},queues={QUEUES},format=qcow2,backing=base.raw,\
+                     backing-format=raw",
+                    self.dir.socket.display(),
+                    self.dir.image.display()
+                );
+                let mut cmd = std::process::Command::new(&self.mqblk);
+                cmd.env("NO_COLOR", "1")
+                    .args(["serve", "--export", &export]);
+                cmd
+            }
+        };
         let proc = Proc::spawn_logged(format!("mqblk #{n}"), &mut cmd, &log);
         self.backends.push(Backend { proc, log });
     }

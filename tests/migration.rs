@@ -28,13 +28,23 @@
 //!   wrote;
 //! - after the last migration the guest keeps doing I/O for `AFTER`, fio passes complete, and
 //!   at the end the guest reports no fio failure and no I/O error, mqblk counted no failed
-//!   request, and the source's mqblk marked pages in the log and none fell outside it.
+//!   request, and the source's mqblk marked pages in the log and none fell outside it; the
+//!   image's MBR and cache partition are as the test wrote them.
 //!
 //! Tests: `migration_copies_every_page_mqblk_wrote` (one migration A to B, the checks above);
 //! `five_migrations_back_and_forth_with_backend_restarts` (A to B to A ... five times under the
 //! same workload and checks; during the third, the destination's mqblk is SIGKILLed while the
 //! migration is held and restarted, and after it, SIGKILLed again with requests in flight and
 //! restarted: QEMU reconnects and the in-flight region brings the requests back);
+//! `migration_on_a_qcow2_image` (the first test's migration, A to B, and one back to A, with
+//! both daemons serving one `format=qcow2` image: an overlay that qemu-img creates over a raw
+//! base, which holds the MBR, the cache pattern and the command block; the test writes its
+//! commands into the base, and the guest, which never writes the last MiB, reads them from
+//! there. The source's mqblk writes the image's metadata back when QEMU stops its rings, the
+//! destination's re-reads it when they start; fio's verification in the guest covers the data
+//! written on either side. At the end `qemu-img check` must exit 0 or 3 (leaked clusters only),
+//! the MBR and the cache partition must read back through `qemu-img convert` as written, and the
+//! base must be unchanged but for the commands);
 //! `without_dirty_logging_the_check_fails` (ignored by `cargo test`; `.ci/run` runs it by
 //! name): the first scenario with both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`,
 //! which makes mqblk acknowledge logging but mark nothing: the cache check must find stale
@@ -42,7 +52,7 @@
 //! that variable for a normal run makes the first two tests fail the same way.
 //!
 //! The tests run one at a time (each runs two QEMUs). Needs what `bash .ci/setup` installs (QEMU,
-//! busybox-static, fio, the guest kernel). `MQBLK_GUEST_SEED=N` fixes the seed;
+//! busybox-static, fio, qemu-img, the guest kernel). `MQBLK_GUEST_SEED=N` fixes the seed;
 //! `MQBLK_GUEST_KEEP=1` keeps the work directory.
 
 mod support;
@@ -61,7 +71,7 @@ use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
     is_kernel_trouble, log_section, md5_hex, read_lossy, report_line, seed_from_env, tail,
-    word_value, GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID,
+    word_value, GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID, SETUP_HINT,
 };
 use support::qmp::Qmp;
 
@@ -99,13 +109,40 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
 const POLL: Duration = Duration::from_millis(50);
 
+/// The MBR of the image: vda1 (fio) and vda2 (cache).
+fn mbr() -> [u8; 512] {
+    let mut mbr = [0u8; 512];
+    for (i, (start_mb, mb)) in [(1, FIO_MB), (1 + FIO_MB, CACHE_MB)].iter().enumerate() {
+        let e = 0x1be + 16 * i;
+        mbr[e + 4] = 0x83;
+        mbr[e + 8..e + 12].copy_from_slice(&((start_mb * 2048) as u32).to_le_bytes());
+        mbr[e + 12..e + 16].copy_from_slice(&((mb * 2048) as u32).to_le_bytes());
+    }
+    mbr[510..].copy_from_slice(&[0x55, 0xaa]);
+    mbr
+}
+
+/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
+fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
+    let out = Command::new("qemu-img")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
 /// The tests run one at a time: each runs two TCG guests on a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
 fn migration_copies_every_page_mqblk_wrote() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = Run::start("mqblk-migration.", false);
+    let mut run = Run::start("mqblk-migration.", false, Disk::Raw);
     let r = run.migrate(1, Kills::None);
     run.check(r);
     run.finish();
@@ -114,11 +151,26 @@ fn migration_copies_every_page_mqblk_wrote() {
 #[test]
 fn five_migrations_back_and_forth_with_backend_restarts() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = Run::start("mqblk-migration5.", false);
+    let mut run = Run::start("mqblk-migration5.", false, Disk::Raw);
     for n in 1..=5 {
         let to = n % 2;
         let kills = if n == 3 { Kills::Both } else { Kills::None };
         let r = run.migrate(to, kills);
+        run.check(r);
+    }
+    run.finish();
+}
+
+/// The first test's migration, and one back, with the disk on a qcow2 image that both mqblk
+/// serve: the source's mqblk writes its metadata back when QEMU stops the rings, the
+/// destination's re-reads it when they start (on the way back, A's caches still hold what A
+/// itself mapped before the first migration).
+#[test]
+fn migration_on_a_qcow2_image() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Run::start("mqblk-migration-qcow2.", false, Disk::Qcow2);
+    for to in [1, 0] {
+        let r = run.migrate(to, Kills::None);
         run.check(r);
     }
     run.finish();
@@ -129,7 +181,7 @@ fn five_migrations_back_and_forth_with_backend_restarts() {
 #[ignore = "a third QEMU pair, to show the check catches a backend without dirty logging; .ci/run runs it by name"]
 fn without_dirty_logging_the_check_fails() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = Run::start("mqblk-migration-nolog.", true);
+    let mut run = Run::start("mqblk-migration-nolog.", true, Disk::Raw);
     match run.migrate(1, Kills::None) {
         Err(e) if e.contains("holds stale pages") => {
             // Every chunk of the cache partition was re-read during the hold, so without
@@ -161,6 +213,17 @@ fn without_dirty_logging_the_check_fails() {
     }
 }
 
+/// How the guest's disk is stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Disk {
+    /// A raw image file: the test writes its commands into it.
+    Raw,
+    /// A qcow2 overlay (qemu-img's, 64 KiB clusters) over a raw base image. The guest never
+    /// writes the last MiB, so it reads the commands, which the test writes into the base, from
+    /// the base.
+    Qcow2,
+}
+
 /// Which mqblk kills a migration does.
 #[derive(Clone, Copy, PartialEq)]
 enum Kills {
@@ -173,6 +236,7 @@ enum Kills {
 /// One mqblk "host": a socket, a stats file, and the processes that served it in turn.
 struct Backend {
     name: &'static str,
+    disk: Disk,
     socket: PathBuf,
     stats: PathBuf,
     /// Every process that served this socket (a restart adds one), with its log.
@@ -191,9 +255,13 @@ impl Backend {
             .arg("--export")
             // poll=off: two TCG guests already keep the machine's cores busy.
             .arg(format!(
-                "socket={},path={},queues={QUEUES},poll=off",
+                "socket={},path={},queues={QUEUES},poll=off{}",
                 self.socket.display(),
-                image.display()
+                image.display(),
+                match self.disk {
+                    Disk::Raw => "",
+                    Disk::Qcow2 => ",format=qcow2",
+                }
             ));
         if skip_log {
             cmd.env("MQBLK_TEST_ONLY_SKIP_DIRTY_LOG", "1");
@@ -271,6 +339,11 @@ struct Vm {
 struct Run {
     dir: WorkDir,
     seed: u64,
+    disk: Disk,
+    /// The qcow2 overlay's raw base image (`Disk::Qcow2`).
+    base: PathBuf,
+    /// md5 of the qcow2 overlay's base but its command block, as the test wrote it.
+    base_md5: String,
     boot: GuestBoot,
     backends: Vec<Backend>,
     vm: Option<Vm>,
@@ -297,25 +370,32 @@ struct Run {
 
 impl Run {
     /// Writes the image, starts both mqblk and boots the guest on A; returns once fio runs.
-    fn start(prefix: &str, skip_log: bool) -> Run {
+    fn start(prefix: &str, skip_log: bool, disk: Disk) -> Run {
         let boot = GuestBoot::prepare_with(
             "tests/guest/mkinitramfs-fio.sh",
             &["init-migration", "initramfs-migration"],
         );
         let seed = seed_from_env();
-        let dir = WorkDir::new(prefix);
+        let mut dir = WorkDir::new(prefix);
+        if disk == Disk::Qcow2 {
+            dir.image = dir.path.join("disk.qcow2");
+        }
         let backends = ["A", "B"]
             .iter()
             .map(|name| Backend {
                 name,
+                disk,
                 socket: dir.path.join(format!("{}.sock", name.to_lowercase())),
                 stats: dir.path.join(format!("{}.stats", name.to_lowercase())),
                 procs: Vec::new(),
             })
             .collect();
         let mut run = Run {
+            base: dir.path.join("base.raw"),
             dir,
             seed,
+            disk,
+            base_md5: String::new(),
             boot,
             backends,
             vm: None,
@@ -334,7 +414,7 @@ impl Run {
             events: Vec::new(),
         };
         eprintln!(
-            "migration test: {}; seed {seed}; work dir {}{}",
+            "migration test: {}; {disk:?} disk; seed {seed}; work dir {}{}",
             run.boot.qemu_version,
             run.dir.path.display(),
             if skip_log {
@@ -371,20 +451,22 @@ impl Run {
         self.events.push((self.started.elapsed(), what));
     }
 
-    /// The image: an MBR with vda1 (fio) and vda2 (cache, the seeded pattern), zeros elsewhere.
+    /// The raw file the test writes: the image, or the qcow2 overlay's base.
+    fn raw_file(&self) -> &Path {
+        match self.disk {
+            Disk::Raw => &self.dir.image,
+            Disk::Qcow2 => &self.base,
+        }
+    }
+
+    /// The image: an MBR with vda1 (fio) and vda2 (cache, the seeded pattern), zeros elsewhere
+    /// (for qcow2, the base, and an empty overlay over it).
     fn write_image(&mut self) -> Result<(), String> {
-        let f = File::create(&self.dir.image).map_err(|e| format!("image: {e}"))?;
+        let f = File::create(self.raw_file()).map_err(|e| format!("image: {e}"))?;
         f.set_len(IMAGE_MB * MIB)
             .map_err(|e| format!("image: {e}"))?;
-        let mut mbr = [0u8; 512];
-        for (i, (start_mb, mb)) in [(1, FIO_MB), (1 + FIO_MB, CACHE_MB)].iter().enumerate() {
-            let e = 0x1be + 16 * i;
-            mbr[e + 4] = 0x83;
-            mbr[e + 8..e + 12].copy_from_slice(&((start_mb * 2048) as u32).to_le_bytes());
-            mbr[e + 12..e + 16].copy_from_slice(&((mb * 2048) as u32).to_le_bytes());
-        }
-        mbr[510..].copy_from_slice(&[0x55, 0xaa]);
-        f.write_all_at(&mbr, 0).map_err(|e| format!("image: {e}"))?;
+        f.write_all_at(&mbr(), 0)
+            .map_err(|e| format!("image: {e}"))?;
         let mut chunk = vec![0u8; (CHUNK_MB * MIB) as usize];
         for c in 0..CACHE_MB / CHUNK_MB {
             let off = (1 + FIO_MB + c * CHUNK_MB) * MIB;
@@ -393,7 +475,115 @@ impl Run {
                 .map_err(|e| format!("image: {e}"))?;
             self.expected_md5.push(md5_hex(&chunk)?);
         }
-        f.sync_all().map_err(|e| format!("image: {e}"))
+        f.sync_all().map_err(|e| format!("image: {e}"))?;
+        if self.disk == Disk::Qcow2 {
+            self.base_md5 = self.base_md5()?;
+            // The backing file as a relative path: relative to the overlay's directory.
+            let image = self.dir.image.display().to_string();
+            let args = [
+                "create", "-f", "qcow2", "-b", "base.raw", "-F", "raw", &image,
+            ];
+            match qemu_img(&args)? {
+                (0, _) => {}
+                (code, text) => return Err(format!("qemu-img {args:?} exited {code}: {text}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// md5 of the qcow2 overlay's base, but its last 4 KiB (the command block).
+    fn base_md5(&self) -> Result<String, String> {
+        let path = &self.base;
+        let data = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        md5_hex(&data[..data.len().saturating_sub(4096)])
+    }
+
+    /// What the guest left on its disk, as far as the test knows it: the MBR and the cache
+    /// partition (never written). The guest's bytes are the raw image's or, on qcow2, what QEMU
+    /// reads out of the overlay (`qemu-img convert`), after `qemu-img check` (exit 0, or 3:
+    /// leaked clusters only) of the overlay; and on qcow2 the base, which only the test's
+    /// commands may write, must be as the test wrote it.
+    fn check_disk(&self) -> Vec<String> {
+        let mut failures = Vec::new();
+        let view = match self.disk {
+            Disk::Raw => self.dir.image.clone(),
+            Disk::Qcow2 => {
+                let image = self.dir.image.display().to_string();
+                match qemu_img(&["check", "-f", "qcow2", &image]) {
+                    Ok((code, text)) => {
+                        eprintln!("qemu-img check (exit {code}): {}", text.trim());
+                        if code != 0 && code != 3 {
+                            failures.push(format!(
+                                "qemu-img check {image} exited {code} (0 or 3 expected): {text}"
+                            ));
+                        }
+                    }
+                    Err(e) => failures.push(e),
+                }
+                let out = self.dir.path.join("converted.raw");
+                let raw = out.display().to_string();
+                match qemu_img(&["convert", "-f", "qcow2", "-O", "raw", &image, &raw]) {
+                    Ok((0, _)) => out,
+                    Ok((code, text)) => {
+                        failures.push(format!("qemu-img convert {image} exited {code}: {text}"));
+                        return failures;
+                    }
+                    Err(e) => {
+                        failures.push(e);
+                        return failures;
+                    }
+                }
+            }
+        };
+        let how = match self.disk {
+            Disk::Raw => "in the image",
+            Disk::Qcow2 => "read through `qemu-img convert`",
+        };
+        let data = match std::fs::read(&view) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.push(format!("{}: {e}", view.display()));
+                return failures;
+            }
+        };
+        if data.len() as u64 != IMAGE_MB * MIB {
+            failures.push(format!(
+                "the disk {how} is {} bytes, expected {}",
+                data.len(),
+                IMAGE_MB * MIB
+            ));
+            return failures;
+        }
+        if data[..512] != mbr() {
+            failures.push(format!("the MBR {how} is not the one the test wrote"));
+        }
+        for (c, want) in self.expected_md5.iter().enumerate() {
+            let off = ((1 + FIO_MB + c as u64 * CHUNK_MB) * MIB) as usize;
+            match md5_hex(&data[off..off + (CHUNK_MB * MIB) as usize]) {
+                Ok(got) if &got == want => {}
+                Ok(got) => failures.push(format!(
+                    "cache partition chunk {c} {how}: md5 {got}, expected {want} (the guest \
+                     never writes it)"
+                )),
+                Err(e) => failures.push(e),
+            }
+        }
+        if self.disk == Disk::Qcow2 {
+            match self.base_md5() {
+                Ok(m) if m == self.base_md5 => {}
+                Ok(m) => failures.push(format!(
+                    "the base image {} changed (md5 {m}, written as {}): only the test's \
+                     commands may write it",
+                    self.base.display(),
+                    self.base_md5
+                )),
+                Err(e) => failures.push(e),
+            }
+            if failures.is_empty() {
+                let _ = std::fs::remove_file(&view);
+            }
+        }
+        failures
     }
 
     /// Starts a QEMU on backend `b`'s socket; with `incoming`, as a migration's destination.
@@ -454,7 +644,7 @@ impl Run {
         block.resize(4096, 0);
         let f = std::fs::OpenOptions::new()
             .write(true)
-            .open(&self.dir.image)
+            .open(self.raw_file())
             .map_err(|e| format!("image: {e}"))?;
         f.write_all_at(&block, IMAGE_MB * MIB - 4096)
             .and_then(|()| f.sync_data())
@@ -863,6 +1053,7 @@ impl Run {
                 Err(e) => failures.push(e),
             }
         }
+        failures.extend(self.check_disk());
         // A, never restarted, was the source of the first migration.
         match self.backends[0].stats() {
             Ok(s) if s["dirty_pages"].as_u64().is_some_and(|n| n > 0) => {}
