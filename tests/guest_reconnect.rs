@@ -137,14 +137,11 @@ fn guest_survives_backend_sigkill_and_restart() {
     reconnect_run(Disk::Raw);
 }
 
-/// Fails today, so `cargo test` leaves it out (run it by name with `--ignored`): a SIGKILLed
-/// mqblk loses the qcow2 metadata of the writes it completed since the guest's last flush (imago
-/// writes allocations back on flush), so the clusters those writes allocated read as zeros (or
-/// the base) after the restart, and fio's verification in the guest fails in the first pass
-/// with a kill (`got pattern '00'`). A guest sees no power loss there, only a reconnect, so it
-/// does not write those blocks again.
+/// The same on a qcow2 overlay: what mqblk completed must survive its SIGKILL although the
+/// guest sends no flush in between (mqblk writes the qcow2 metadata a write changed back before
+/// completing it; before it did, fio's verification failed in the first pass with a kill,
+/// `got pattern '00'`: the clusters those writes allocated read as zeros after the restart).
 #[test]
-#[ignore = "fails: a SIGKILLed mqblk loses completed, unflushed qcow2 writes"]
 fn guest_survives_backend_sigkill_and_restart_on_qcow2() {
     reconnect_run(Disk::Qcow2);
 }
