@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use mqblk_client::{Driver, Pattern};
 
-use crate::options::BenchOptions;
+use crate::options::{BenchOptions, ImageFormat};
 
 /// A backend under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -219,19 +219,51 @@ impl BenchOptions {
         out
     }
 
-    /// The series label of a point: backend, mapping, (if several or any) mqblk options, and
-    /// the client where it is not the only one.
+    /// The image format a point serves: `--format`'s, but raw for native fio and for a mqblk
+    /// variant with `format=raw`.
+    pub fn served_format(&self, p: &PointConfig) -> ImageFormat {
+        let raw_variant = || {
+            self.mqblk_opts[p.variant]
+                .split(',')
+                .any(|kv| kv == "format=raw")
+        };
+        match p.backend {
+            Backend::Native => ImageFormat::Raw,
+            Backend::Mqblk if raw_variant() => ImageFormat::Raw,
+            _ => self.format,
+        }
+    }
+
+    /// The series label of a point: backend, mapping, the image format it serves (with a
+    /// `--format` other than raw), (if several or any) mqblk options, and the client where it
+    /// is not the only one.
     pub fn label(&self, p: &PointConfig) -> String {
         let mut s = p.backend.name().to_string();
         if let Some(m) = p.mode {
             s.push(' ');
             s.push_str(m.name());
         }
+        let format = self.served_format(p);
+        if self.format != ImageFormat::Raw && p.backend != Backend::Native {
+            s.push(' ');
+            s.push_str(format.name());
+        }
         if p.backend == Backend::Mqblk {
-            let o = &self.mqblk_opts[p.variant];
+            // The format is in the label already; `[defaults]` where other variants serve
+            // the same format.
+            let keys = |o: &str| -> String {
+                o.split(',')
+                    .filter(|kv| !kv.is_empty() && !kv.starts_with("format="))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let o = keys(&self.mqblk_opts[p.variant]);
+            let same_format = (0..self.mqblk_opts.len())
+                .filter(|&v| self.served_format(&PointConfig { variant: v, ..*p }) == format)
+                .count();
             if !o.is_empty() {
                 s.push_str(&format!(" [{o}]"));
-            } else if self.mqblk_opts.len() > 1 {
+            } else if same_format > 1 {
                 s.push_str(" [defaults]");
             }
         }
@@ -360,6 +392,41 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!(o.label(&p[0]), "mqblk per-queue [poll=off]");
         assert_eq!(o.label(&p[1]), "mqblk per-queue [defaults]");
+    }
+
+    #[test]
+    fn labels_name_the_served_format() {
+        let o = test_options(
+            "--engine uring --format qcow2 --backend mqblk,qsd --mode per-queue --jobs 1 \
+             --mqblk-opts= --mqblk-opts format=raw --mqblk-opts poll=off --mqblk-opts poll=off,format=raw",
+        )
+        .unwrap();
+        let p = o.points();
+        let labels: Vec<String> = p.iter().map(|x| o.label(x)).collect();
+        assert_eq!(
+            labels,
+            [
+                "mqblk per-queue qcow2 [defaults]",
+                "mqblk per-queue raw [defaults]",
+                "mqblk per-queue qcow2 [poll=off]",
+                "mqblk per-queue raw [poll=off]",
+                "qsd mq qcow2"
+            ]
+        );
+        let formats: Vec<ImageFormat> = p.iter().map(|x| o.served_format(x)).collect();
+        use ImageFormat::{Qcow2, Raw};
+        assert_eq!(formats, [Qcow2, Raw, Qcow2, Raw, Qcow2]);
+        let o = test_options(
+            "--engine uring --format qcow2-overlay --mode mq --jobs 1 --mqblk-opts format=raw \
+             --mqblk-opts=",
+        )
+        .unwrap();
+        let labels: Vec<String> = o.points().iter().map(|x| o.label(x)).collect();
+        assert_eq!(labels, ["mqblk mq raw", "mqblk mq qcow2-overlay"]);
+        // A raw run's labels stay as they were.
+        let o = test_options("--engine uring --backend mqblk,native --mode mq --jobs 1").unwrap();
+        let labels: Vec<String> = o.points().iter().map(|x| o.label(x)).collect();
+        assert_eq!(labels, ["mqblk mq", "native fio"]);
     }
 
     #[test]

@@ -41,7 +41,7 @@ mod table;
 pub use grid::{schedule, single_thread_modes, Backend, Mode, PointConfig, WorkloadSpec};
 #[cfg(test)]
 pub(crate) use options::test_options;
-pub use options::{parse_counts, parse_list, BenchArgs, BenchOptions, EngineKind};
+pub use options::{parse_counts, parse_list, BenchArgs, BenchOptions, EngineKind, ImageFormat};
 pub use report::{BenchResults, PointResult};
 pub use sample::Sample;
 pub use summary::{Stat, Summary};
@@ -67,7 +67,11 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
         .with_context(|| format!("creating --out {}", opts.out.display()))?;
     run::check_tools(opts)?;
     let image = match opts.engine {
-        EngineKind::Uring => Some(run::prepare_image(opts)?),
+        EngineKind::Uring => {
+            let (raw, size) = run::prepare_image(opts)?;
+            run::prepare_qcow2(opts, &raw)?;
+            Some((raw, size))
+        }
         EngineKind::Nvme => Some(run::prepare_namespace(opts)?),
         EngineKind::Null | EngineKind::Rbd => None,
     };

@@ -7,6 +7,7 @@ use crate::ratio::Ratio;
 use crate::report::{BenchResults, PointResult, MARKDOWN};
 use crate::sample::Sample;
 use crate::summary::{Metric, Summary, METRICS};
+use crate::{EngineKind, ImageFormat};
 
 impl BenchResults {
     /// The markdown report.
@@ -38,15 +39,41 @@ impl BenchResults {
             "- host: {} CPUs, {}, kernel {}, load average at start {}",
             h.nproc, h.cpu_model, h.kernel, h.loadavg
         );
+        let format = if o.engine == EngineKind::Uring {
+            format!(", format {}", o.format.name())
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "- engine: {}, disk {} MiB, {:.1} s per point, {} repeats interleaved (odd repeats in reverse order); client: built-in libblkio virtio-blk-vhost-user, {} queues",
+            "- engine: {}{format}, disk {} MiB, {:.1} s per point, {} repeats interleaved (odd repeats in reverse order); client: built-in libblkio virtio-blk-vhost-user, {} queues",
             o.engine.name(),
             self.disk_size >> 20,
             o.runtime.as_secs_f64(),
             o.repeat,
             if o.client_poll { "poll" } else { "interrupt-driven" }
         );
+        let image = match o.format {
+            ImageFormat::Raw => None,
+            ImageFormat::Qcow2 => Some(
+                "qcow2: disk.qcow2, converted from the raw image by `qemu-img convert -S 0` \
+                 (64 KiB clusters, every one allocated)",
+            ),
+            ImageFormat::Qcow2Overlay => Some(
+                "qcow2-overlay: an empty overlay.qcow2 (64 KiB clusters) over the raw image, \
+                 made anew before every sample",
+            ),
+        };
+        if let Some(image) = image {
+            let _ = writeln!(
+                s,
+                "- image: {image}; the label says which format a series served (a mqblk variant \
+                 with `format=raw` serves the raw image); QSD with an l2-cache-size that maps \
+                 the whole image, mqblk's per-thread mapping cache likewise; a sample that \
+                 served a qcow2 image failed if `qemu-img check` found it inconsistent (or \
+                 leaking clusters) afterwards"
+            );
+        }
         let _ = writeln!(
             s,
             "\nEach cell is the median with min–max in parentheses. Latency is issue-to-completion \

@@ -52,6 +52,15 @@ pub struct BenchArgs {
     /// --size if missing; an existing file is used at its size.
     #[arg(long, value_name = "FILE")]
     pub path: Option<PathBuf>,
+    /// Image format for --engine uring, served by mqblk and qsd: raw (the raw image itself),
+    /// qcow2 (OUT/disk.qcow2, converted from the raw image by qemu-img with every cluster
+    /// allocated: the mapping of each request is what it adds) or qcow2-overlay (an empty
+    /// OUT/overlay.qcow2 over the raw image, made anew before every sample: backing reads,
+    /// cluster allocation and copy-on-write). A `--mqblk-opts` variant with `format=raw`
+    /// serves the raw image instead, to compare the two in one run. QSD gets an l2-cache-size
+    /// that maps the whole image, as mqblk's mapping cache does. Needs qemu-img.
+    #[arg(long, default_value = "raw")]
+    pub format: String,
     /// Disk size (K/M/G suffixes) for the null engine or a new image.
     #[arg(long, default_value = "1G")]
     pub size: String,
@@ -81,7 +90,8 @@ pub struct BenchArgs {
     /// puts its stats file in DIR instead of the run's temporary directory (on /dev/shm where
     /// there is one), e.g. on the image's filesystem to see what rewriting a file there every
     /// 100 ms costs (docs/PERFORMANCE.md 1a); `sandbox=auto|strict|off` serves that variant
-    /// with `--sandbox` set so (what confinement costs).
+    /// with `--sandbox` set so (what confinement costs); `format=raw` (with --format qcow2 or
+    /// qcow2-overlay) serves that variant the raw image instead of the qcow2 one.
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
     /// Clients, comma-separated: libblkio (its virtio-blk-vhost-user driver, as fio's libblkio
@@ -156,6 +166,43 @@ impl FromStr for EngineKind {
     }
 }
 
+/// What the uring engine's export serves (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageFormat {
+    /// The raw image.
+    Raw,
+    /// A fully allocated qcow2 image with the raw image's data.
+    Qcow2,
+    /// An empty qcow2 overlay over the raw image, made anew before every sample.
+    Qcow2Overlay,
+}
+
+impl ImageFormat {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+            ImageFormat::Qcow2Overlay => "qcow2-overlay",
+        }
+    }
+}
+
+impl FromStr for ImageFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "raw" => Ok(ImageFormat::Raw),
+            "qcow2" => Ok(ImageFormat::Qcow2),
+            "qcow2-overlay" => Ok(ImageFormat::Qcow2Overlay),
+            _ => Err(format!(
+                "unknown format {s:?}: use raw, qcow2 or qcow2-overlay"
+            )),
+        }
+    }
+}
+
 /// Splits a comma-separated list, trims, drops empty items and duplicates (keeping the first).
 pub fn parse_list<T: FromStr<Err = String> + PartialEq>(
     what: &str,
@@ -204,6 +251,8 @@ pub struct BenchOptions {
     pub engine: EngineKind,
     /// Image file (uring engine).
     pub path: Option<PathBuf>,
+    /// Image format (uring engine).
+    pub format: ImageFormat,
     /// The RBD image (rbd engine).
     pub rbd: Option<rbd::RbdTarget>,
     /// Disk size in bytes (null engine, or a new image).
@@ -275,6 +324,7 @@ impl BenchOptions {
         let modes: Vec<Mode> = parse_list("mode", &a.mode)?;
         let clients = parse_clients(&a.client)?;
         let engine: EngineKind = a.engine.parse().map_err(|e| format!("--engine: {e}"))?;
+        let format: ImageFormat = a.format.parse().map_err(|e| format!("--format: {e}"))?;
         let workloads: Vec<WorkloadSpec> = parse_list("workloads", &a.workloads)?;
         let jobs = parse_counts("jobs", &a.jobs, 64)?;
         let iodepths = parse_counts("iodepth", &a.iodepth, 1024)?;
@@ -304,6 +354,26 @@ impl BenchOptions {
             return Err(
                 "--engine nvme needs --path /dev/ngXnY (the namespace's character device)".into(),
             );
+        }
+        if format != ImageFormat::Raw {
+            if engine != EngineKind::Uring {
+                return Err(format!(
+                    "--format {}: for --engine uring (an image file), not --engine {}; \
+                     --format takes raw, qcow2 or qcow2-overlay",
+                    format.name(),
+                    engine.name()
+                ));
+            }
+            if let Some(b) = backends
+                .iter()
+                .find(|b| matches!(b, Backend::Spdk | Backend::Native))
+            {
+                return Err(format!(
+                    "--format {}: served by --backend mqblk and qsd only, not {}",
+                    format.name(),
+                    b.name()
+                ));
+            }
         }
         let rbd = match (engine, &a.rbd) {
             (EngineKind::Rbd, Some(spec)) => Some(rbd::RbdTarget::parse(
@@ -370,6 +440,20 @@ impl BenchOptions {
                         ));
                     }
                 }
+                if let Some(f) = kv.strip_prefix("format=") {
+                    if f != "raw" {
+                        return Err(format!(
+                            "--mqblk-opts {o}: format={f}: the only value is raw (that variant \
+                             serves the raw image instead of --format's qcow2 one)"
+                        ));
+                    }
+                    if format == ImageFormat::Raw {
+                        return Err(format!(
+                            "--mqblk-opts {o}: format=raw is for --format qcow2 or \
+                             qcow2-overlay (this run serves the raw image anyway)"
+                        ));
+                    }
+                }
                 if let Some(mode) = kv.strip_prefix("sandbox=") {
                     if !["auto", "strict", "off"].contains(&mode) {
                         return Err(format!(
@@ -402,6 +486,7 @@ impl BenchOptions {
             modes,
             engine,
             path: a.path.clone(),
+            format,
             rbd,
             size,
             workloads,
@@ -491,6 +576,52 @@ mod tests {
             o.rbd.as_ref().map(|r| r.spec()).as_deref(),
             Some("rbd/bench")
         );
+    }
+
+    #[test]
+    fn qcow2_formats_need_uring_and_mqblk_or_qsd() {
+        let o = test_options("--engine uring").unwrap();
+        assert_eq!(o.format, ImageFormat::Raw);
+        let o = test_options(
+            "--engine uring --format qcow2 --backend mqblk,qsd --mqblk-opts= --mqblk-opts format=raw",
+        )
+        .unwrap();
+        assert_eq!(o.format, ImageFormat::Qcow2);
+        assert_eq!(o.mqblk_opts, vec![String::new(), "format=raw".to_string()]);
+        let o =
+            test_options("--engine uring --format qcow2-overlay --mqblk-opts poll=off,format=raw")
+                .unwrap();
+        assert_eq!(o.format, ImageFormat::Qcow2Overlay);
+        let e = test_options("--engine uring --format vmdk").unwrap_err();
+        assert!(
+            e.contains("--format") && e.contains("raw, qcow2 or qcow2-overlay"),
+            "{e}"
+        );
+        let e = test_options("--format qcow2").unwrap_err();
+        assert!(
+            e.contains("--format qcow2")
+                && e.contains("--engine uring")
+                && e.contains("not --engine null"),
+            "{e}"
+        );
+        let e = test_options("--engine uring --format qcow2-overlay --backend mqblk,native")
+            .unwrap_err();
+        assert!(
+            e.contains("--format qcow2-overlay") && e.contains("mqblk and qsd only, not native"),
+            "{e}"
+        );
+        let e = test_options("--engine uring --format qcow2 --backend spdk").unwrap_err();
+        assert!(e.contains("not spdk"), "{e}");
+        // The variant key serves the raw image; it means nothing with a raw run.
+        let e = test_options("--engine uring --mqblk-opts format=raw").unwrap_err();
+        assert!(
+            e.contains("format=raw") && e.contains("--format qcow2 or qcow2-overlay"),
+            "{e}"
+        );
+        let e =
+            test_options("--engine uring --format qcow2 --mqblk-opts format=qcow2").unwrap_err();
+        assert!(e.contains("format=qcow2: the only value is raw"), "{e}");
+        assert!(test_options("--engine uring --format raw --backend native,qsd").is_ok());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Same-run comparisons: each mqblk point against the best QSD point and native fio of its
-//! group, and a `--mqblk-opts` variant against the first, per repeat where they ran side by side.
+//! Same-run comparisons: each mqblk point against the best QSD point (serving the same image
+//! format) and native fio of its group, and a `--mqblk-opts` variant against the first, per
+//! repeat where they ran side by side.
 
 use serde::Serialize;
 
@@ -66,9 +67,11 @@ impl Ratio {
             })
         };
         let median_iops = |q: &PointResult| q.summary.iops.map(|s| s.median);
-        // Driven by the same client: a comparison of backends, not of clients.
+        // Driven by the same client and serving the same image format: a comparison of
+        // backends, not of clients or formats.
         let qsd = group()
             .filter(|q| q.config.backend == Backend::Qsd && q.config.client == p.config.client)
+            .filter(|q| q.format == p.format)
             .filter(|q| q.summary.iops.is_some())
             .max_by(|a, b| {
                 median_iops(a)
@@ -178,6 +181,35 @@ mod tests {
         assert_eq!((cpu.min, cpu.max), (0.5, 1.5));
         assert!(r.markdown().contains("Variants against the first"));
         assert!(r.table().contains("variants against the first"));
+    }
+
+    #[test]
+    fn qsd_is_compared_with_the_variants_of_its_format_only() {
+        // mqblk raw, mqblk qcow2, qsd qcow2.
+        let samples = vec![
+            vec![Sample::test(100.0, 2.0)],
+            vec![Sample::test(90.0, 2.0)],
+            vec![Sample::test(60.0, 4.0)],
+        ];
+        let args = "--backend mqblk,qsd --engine uring --format qcow2 --mode mq --jobs 1 \
+                    --mqblk-opts format=raw --mqblk-opts=";
+        let r = BenchResults::test(args, samples);
+        assert_eq!(r.ratios[0].label, "mqblk mq raw");
+        assert_eq!(r.ratios[0].qsd, None);
+        let q = &r.ratios[1];
+        assert_eq!(q.label, "mqblk mq qcow2");
+        assert_eq!(q.qsd.as_deref(), Some("qsd mq qcow2"));
+        assert_eq!(q.iops_vs_qsd, Some(1.5));
+        // The first variant (raw) is the reference: qcow2 / raw.
+        assert_eq!(q.first_variant.as_deref(), Some("mqblk mq raw"));
+        assert_eq!(q.iops_vs_first_variant.unwrap().median, 0.9);
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(v["options"]["format"], "qcow2");
+        assert_eq!(v["points"][0]["format"], "raw");
+        assert_eq!(v["points"][1]["format"], "qcow2");
+        assert_eq!(v["points"][2]["format"], "qcow2");
+        assert!(r.markdown().contains("format qcow2"), "{}", r.markdown());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::host::HostInfo;
 use crate::ratio::{ratios, Ratio};
 use crate::sample::Sample;
 use crate::summary::{Metric, Stat, Summary};
-use crate::{Backend, BenchOptions, PointConfig};
+use crate::{Backend, BenchOptions, ImageFormat, PointConfig};
 
 /// One point with its samples and summary.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +21,9 @@ pub struct PointResult {
     /// The point.
     #[serde(flatten)]
     pub config: PointConfig,
+    /// The image format served: `--format`'s, or raw (native fio, a mqblk variant with
+    /// `format=raw`).
+    pub format: ImageFormat,
     /// mqblk export keys added (empty: defaults).
     pub mqblk_opts: String,
     /// Workload name.
@@ -68,6 +71,7 @@ impl BenchResults {
             .map(|(p, s)| PointResult {
                 label: opts.label(p),
                 config: *p,
+                format: opts.served_format(p),
                 mqblk_opts: if p.backend == Backend::Mqblk {
                     opts.mqblk_opts[p.variant].clone()
                 } else {

@@ -12,13 +12,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{ensure, Context};
+use anyhow::{bail, ensure, Context};
 
 use mqblk::daemon::stats::StatsFile;
 use mqblk::io::IoCounters;
 
 use crate::sample::{MqblkCounters, Sample};
-use crate::{Backend, BenchOptions, PointConfig};
+use crate::{Backend, BenchOptions, ImageFormat, PointConfig};
 use mqblk_client::{self as client, Workload};
 
 mod backend;
@@ -31,8 +31,12 @@ use self::usage::measure;
 pub use self::usage::{parse_host_busy_ticks, parse_stat_ticks, parse_status, ProcMem};
 
 /// Keys of a `--mqblk-opts` variant that the bench takes for itself (the others are export
-/// keys): the mqblk executable, the directory of its stats file, and its `--sandbox`.
-const BENCH_KEYS: [&str; 4] = ["bin", "stats-dir", "sandbox", "nvme-via"];
+/// keys): the mqblk executable, the directory of its stats file, its `--sandbox`, which device
+/// an nvme run serves, and `format=raw` (serve the raw image in a qcow2 run).
+const BENCH_KEYS: [&str; 5] = ["bin", "stats-dir", "sandbox", "nvme-via", "format"];
+
+/// The cluster size of the qcow2 images the bench makes (qemu-img's default).
+const QCOW2_CLUSTER: u64 = 64 << 10;
 
 /// Checks that the binaries the chosen backends need are there.
 pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
@@ -65,6 +69,112 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
             Backend::Spdk => check(Path::new("python3"), "python3", "SPDK's rpc.py needs it")?,
         }
     }
+    if opts.format != ImageFormat::Raw {
+        check(
+            Path::new("qemu-img"),
+            "qemu-img",
+            "--format qcow2 and qcow2-overlay make their images with it; install qemu-utils \
+             (bash .ci/setup does)",
+        )?;
+    }
+    Ok(())
+}
+
+/// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2 or overlay.qcow2.
+pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
+    match opts.format {
+        ImageFormat::Raw => None,
+        ImageFormat::Qcow2 => Some(opts.out.join("disk.qcow2")),
+        ImageFormat::Qcow2Overlay => Some(opts.out.join("overlay.qcow2")),
+    }
+}
+
+/// Makes the qcow2 image of `--format` from the raw image `raw` (see [`qcow2_image`]; every
+/// sample that served it is followed by a `qemu-img check`, [`check_qcow2`]): for
+/// qcow2 a copy with every cluster allocated (`qemu-img convert -S 0`: zero blocks are
+/// written too), made anew on every run so that it holds the raw image's data; for
+/// qcow2-overlay a first empty overlay (made anew before every sample, [`create_overlay`]).
+pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
+    let Some(image) = qcow2_image(opts) else {
+        return Ok(());
+    };
+    if opts.format == ImageFormat::Qcow2Overlay {
+        return create_overlay(raw, &image).map(drop);
+    }
+    println!(
+        "converting {} into {} (qcow2, 64 KiB clusters, every cluster allocated)",
+        raw.display(),
+        image.display()
+    );
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["convert", "-S", "0", "-f", "raw", "-O", "qcow2", "-o"])
+        .arg(format!("cluster_size={QCOW2_CLUSTER}"))
+        .arg(raw)
+        .arg(&image);
+    run_qemu_img(cmd)
+}
+
+/// Makes `overlay` anew: an empty qcow2 image over the raw image `raw` (by its absolute path,
+/// so that the overlay opens from anywhere). Returns the command, for the log.
+pub fn create_overlay(raw: &Path, overlay: &Path) -> anyhow::Result<String> {
+    let raw = std::path::absolute(raw).with_context(|| format!("{}", raw.display()))?;
+    match std::fs::remove_file(overlay) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", overlay.display()))
+        }
+        _ => {}
+    }
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .arg(&raw)
+        .arg("-o")
+        .arg(format!("cluster_size={QCOW2_CLUSTER}"))
+        .arg(overlay);
+    let line = format!("{cmd:?}");
+    run_qemu_img(cmd)?;
+    Ok(line)
+}
+
+/// `qemu-img check` of `image`: refuses corruption and leaked clusters (which an exit that
+/// did not write back all metadata leaves).
+fn check_qcow2(image: &Path) -> anyhow::Result<()> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["check", "-f", "qcow2"]).arg(image);
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    // The first findings (on stderr, a line per cluster) and the summary (on stdout).
+    let text = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let shown = if lines.len() > 5 {
+        [&lines[..2], &["..."], &lines[lines.len() - 3..]].concat()
+    } else {
+        lines
+    };
+    bail!(
+        "qemu-img check {} exited with {}: {}",
+        image.display(),
+        out.status,
+        shown.join("; ")
+    )
+}
+
+/// Runs a qemu-img command; its output is in the error if it fails.
+fn run_qemu_img(mut cmd: Command) -> anyhow::Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     Ok(())
 }
 
@@ -180,6 +290,8 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
 pub struct RunEnv<'a> {
     opts: &'a BenchOptions,
     image: Option<PathBuf>,
+    /// The qcow2 image of a `--format` other than raw ([`qcow2_image`]).
+    qcow2: Option<PathBuf>,
     size: u64,
     /// Short path for unix sockets (108-byte limit).
     tmp: tempfile::TempDir,
@@ -208,6 +320,7 @@ impl<'a> RunEnv<'a> {
         Ok(RunEnv {
             opts,
             image,
+            qcow2: qcow2_image(opts),
             size,
             tmp,
             logs,
@@ -259,6 +372,13 @@ impl<'a> RunEnv<'a> {
             .unwrap_or(self.tmp.path())
             .join(format!("stats{n}.json"));
         let log = self.log_file(p.backend, n, &header)?;
+        // Every sample starts from an empty overlay.
+        if let (ImageFormat::Qcow2Overlay, Some(overlay), Some(raw)) =
+            (o.served_format(p), &self.qcow2, &self.image)
+        {
+            let line = create_overlay(raw, overlay)?;
+            writeln!(&log, "{line}")?;
+        }
         let rpc_sock = self.tmp.path().join(format!("s{n}.rpc"));
         let mut cmd = match p.backend {
             Backend::Mqblk => self.mqblk_command(p, &sock, &stats),
@@ -322,6 +442,14 @@ impl<'a> RunEnv<'a> {
                 "mqblk exited with {status} after the run (see {})",
                 log_path.display()
             );
+        }
+        // A backend that left its qcow2 image inconsistent measured nothing worth keeping.
+        if let (ImageFormat::Qcow2 | ImageFormat::Qcow2Overlay, Some(image)) =
+            (o.served_format(p), &self.qcow2)
+        {
+            check_qcow2(image).with_context(|| {
+                format!("after {} served {}", p.backend.name(), image.display())
+            })?;
         }
         ensure!(
             report.errors == 0,
@@ -438,6 +566,86 @@ mod tests {
         // Writes would destroy the device's data; no --path is refused at once.
         assert!(crate::options::test_options("--engine nvme").is_err());
         assert!(crate::options::test_options("--engine null --mqblk-opts nvme-via=block").is_err());
+    }
+
+    #[test]
+    fn qcow2_runs_serve_the_qcow2_image_and_raw_variants_the_raw_one() {
+        let args = |format: &str| {
+            format!(
+                "--backend mqblk,qsd --engine uring --format {format} --mode mq --jobs 1 \
+                 --out /o --mqblk-opts= --mqblk-opts poll=off,format=raw"
+            )
+        };
+        let o = crate::options::test_options(&args("qcow2")).unwrap();
+        let env = RunEnv::new(&o, Some(PathBuf::from("/o/disk.img")), 1 << 30).unwrap();
+        let points = o.points();
+        let mqblk = |env: &RunEnv, p: &PointConfig| {
+            let cmd = env.mqblk_command(p, Path::new("/s"), Path::new("/st"));
+            cmd.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .find(|a| a.starts_with("socket="))
+                .unwrap()
+        };
+        let qsd = |env: &RunEnv, p: &PointConfig| -> Vec<String> {
+            env.qsd_command(p, Path::new("/s"))
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let spec = mqblk(&env, &points[0]);
+        assert!(
+            spec.ends_with(",engine=uring,format=qcow2,path=/o/disk.qcow2,direct=on"),
+            "{spec}"
+        );
+        let spec = mqblk(&env, &points[1]);
+        assert!(
+            spec.ends_with(",engine=uring,path=/o/disk.img,direct=on,poll=off"),
+            "{spec}"
+        );
+        // 1 GiB: 16384 clusters, 128 KiB of mapping, two L2 tables.
+        assert_eq!(
+            qsd(&env, &points[2]),
+            [
+                "--blockdev",
+                "driver=file,node-name=f0,filename=/o/disk.qcow2,cache.direct=on,aio=io_uring",
+                "--blockdev",
+                "driver=qcow2,node-name=n0,file=f0,l2-cache-size=131072",
+                "--export",
+                "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path=/s,writable=on,num-queues=1",
+            ]
+        );
+        let o = crate::options::test_options(&args("qcow2-overlay")).unwrap();
+        let env = RunEnv::new(&o, Some(PathBuf::from("/o/disk.img")), 1 << 30).unwrap();
+        let spec = mqblk(&env, &o.points()[0]);
+        assert!(
+            spec.contains(",format=qcow2,path=/o/overlay.qcow2,direct=on"),
+            "{spec}"
+        );
+        let args = qsd(&env, &o.points()[2]);
+        assert_eq!(
+            args[1],
+            "driver=file,node-name=b0,filename=/o/disk.img,cache.direct=on,aio=io_uring,read-only=on"
+        );
+        assert_eq!(
+            args[3],
+            "driver=file,node-name=f0,filename=/o/overlay.qcow2,cache.direct=on,aio=io_uring"
+        );
+        assert_eq!(
+            args[5],
+            "driver=qcow2,node-name=n0,file=f0,l2-cache-size=131072,backing=b0"
+        );
+    }
+
+    #[test]
+    fn l2_caches_map_the_whole_image() {
+        use self::backend::{mqblk_l2_cache_size, qsd_l2_cache_size};
+        assert_eq!(qsd_l2_cache_size(256 << 20), 64 << 10);
+        assert_eq!(qsd_l2_cache_size(3 << 30), 384 << 10);
+        assert_eq!(qsd_l2_cache_size((64 << 30) + 4096), (8 << 20) + (64 << 10));
+        // mqblk's default (4 MiB: 512 Ki clusters, 32 GiB) is enough up to there.
+        assert_eq!(mqblk_l2_cache_size(32 << 30), None);
+        assert_eq!(mqblk_l2_cache_size((32 << 30) + 4096), Some(8 << 20));
+        assert_eq!(mqblk_l2_cache_size(48 << 30), Some(8 << 20));
     }
 
     #[test]

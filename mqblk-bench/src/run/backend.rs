@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure};
 use rustix::process::{kill_process, Pid, Signal};
 
-use super::{RunEnv, BENCH_KEYS};
+use super::{RunEnv, BENCH_KEYS, QCOW2_CLUSTER};
 use crate::spdk::{rpc_calls, SpdkBuild};
-use crate::{EngineKind, PointConfig};
+use crate::{EngineKind, ImageFormat, PointConfig};
 
 /// How long a backend may take to start listening, and to exit after SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -29,6 +29,20 @@ impl RunEnv<'_> {
             mode.threads()
         );
         match (&self.image, o.engine, &o.rbd) {
+            (Some(_), EngineKind::Uring, _) if o.served_format(p) != ImageFormat::Raw => {
+                let qcow2 = self.qcow2.as_ref().expect("a qcow2 run has its image");
+                spec.push_str(&format!(
+                    ",engine=uring,format=qcow2,path={},direct=on",
+                    qcow2.display()
+                ));
+                // The default covers 32 GiB; beyond, as much as maps the whole image (as for
+                // QSD), unless the variant sets its own.
+                if let Some(l2) = mqblk_l2_cache_size(self.size) {
+                    if self.variant_value(p, "l2-cache-size").is_none() {
+                        spec.push_str(&format!(",l2-cache-size={l2}"));
+                    }
+                }
+            }
             (Some(img), EngineKind::Uring, _) => {
                 spec.push_str(&format!(",engine=uring,path={},direct=on", img.display()))
             }
@@ -85,7 +99,7 @@ impl RunEnv<'_> {
         cmd
     }
 
-    /// The value of the bench's own key `key` (one of [`BENCH_KEYS`]) in the point's
+    /// The value of the key `key` (one of [`BENCH_KEYS`], or an export key) in the point's
     /// `--mqblk-opts` variant, if it has one.
     pub(super) fn variant_value(&self, p: &PointConfig, key: &str) -> Option<&str> {
         self.opts.mqblk_opts[p.variant]
@@ -93,32 +107,56 @@ impl RunEnv<'_> {
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
     }
 
+    /// QSD's command line. With `--format qcow2` it serves the qcow2 image through a `qcow2`
+    /// node over a `file` node (O_DIRECT, io_uring), with an `l2-cache-size` that maps the
+    /// whole image ([`qsd_l2_cache_size`]; mqblk's per-thread mapping cache does by default up
+    /// to 32 GiB), so that neither side is starved of mapping cache. With qcow2-overlay the
+    /// overlay's backing file (the raw image its header names) is a `file` node of its own,
+    /// opened like the top image: opened from the header it would be read through the page
+    /// cache by QEMU's thread pool (cache.direct is not inherited from the `file` child, and
+    /// aio never is), while mqblk reads its backing files with O_DIRECT.
     pub(super) fn qsd_command(&self, p: &PointConfig, sock: &Path) -> Command {
         let o = self.opts;
         // QEMU option syntax: a comma inside a value is written as two.
         let esc = |p: &Path| p.display().to_string().replace(',', ",,");
-        let blockdev = match (&self.image, o.engine) {
-            (_, EngineKind::Rbd) => o
+        let file_node = |node: &str, img: &Path| {
+            use std::os::unix::fs::FileTypeExt;
+            // QEMU's file driver refuses block devices: they take host_device.
+            let dev = std::fs::metadata(img)
+                .map(|m| m.file_type().is_block_device())
+                .unwrap_or(false);
+            format!(
+                "driver={},node-name={node},filename={},cache.direct=on,aio=io_uring",
+                if dev { "host_device" } else { "file" },
+                esc(img)
+            )
+        };
+        let blockdevs = match (&self.image, o.engine) {
+            (_, EngineKind::Rbd) => vec![o
                 .rbd
                 .as_ref()
                 .expect("checked: --engine rbd has --rbd")
-                .qsd_blockdev(),
-            (Some(img), EngineKind::Uring | EngineKind::Nvme) => {
-                use std::os::unix::fs::FileTypeExt;
-                // QEMU's file driver refuses block devices: they take host_device.
-                let dev = std::fs::metadata(img)
-                    .map(|m| m.file_type().is_block_device())
-                    .unwrap_or(false);
-                format!(
-                    "driver={},node-name=n0,filename={},cache.direct=on,aio=io_uring",
-                    if dev { "host_device" } else { "file" },
-                    esc(img)
-                )
+                .qsd_blockdev()],
+            (Some(img), EngineKind::Uring) if o.format != ImageFormat::Raw => {
+                let qcow2 = self.qcow2.as_ref().expect("a qcow2 run has its image");
+                let mut top = format!(
+                    "driver=qcow2,node-name=n0,file=f0,l2-cache-size={}",
+                    qsd_l2_cache_size(self.size)
+                );
+                let mut nodes = Vec::new();
+                if o.format == ImageFormat::Qcow2Overlay {
+                    nodes.push(file_node("b0", img) + ",read-only=on");
+                    top.push_str(",backing=b0");
+                }
+                nodes.push(file_node("f0", qcow2));
+                nodes.push(top);
+                nodes
             }
-            _ => format!(
+            (Some(img), EngineKind::Uring | EngineKind::Nvme) => vec![file_node("n0", img)],
+            _ => vec![format!(
                 "driver=null-co,node-name=n0,size={},read-zeroes=on",
                 self.size
-            ),
+            )],
         };
         let mut export = format!(
             "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable=on,num-queues={}",
@@ -130,12 +168,27 @@ impl RunEnv<'_> {
             cmd.arg("--object").arg("iothread,id=iot0");
             export.push_str(",iothread=iot0");
         }
-        cmd.arg("--blockdev")
-            .arg(blockdev)
-            .arg("--export")
-            .arg(export);
+        for b in blockdevs {
+            cmd.arg("--blockdev").arg(b);
+        }
+        cmd.arg("--export").arg(export);
         cmd
     }
+}
+
+/// QSD's `l2-cache-size` for a qcow2 image of `size` bytes with the bench's clusters: 8 bytes
+/// of mapping per cluster, rounded up to whole L2 tables (a cluster each), so that the cache
+/// holds the whole image's mapping.
+pub(super) fn qsd_l2_cache_size(size: u64) -> u64 {
+    (size.div_ceil(QCOW2_CLUSTER) * 8).next_multiple_of(QCOW2_CLUSTER)
+}
+
+/// mqblk's `l2-cache-size` for a qcow2 image of `size` bytes where its default does not map
+/// the whole image (its cache has a power of two of slots, one per cluster), else none.
+pub(super) fn mqblk_l2_cache_size(size: u64) -> Option<u64> {
+    use mqblk::config::qcow2::{DEFAULT_L2_CACHE_SIZE, MAX_L2_CACHE_SIZE};
+    let need = size.div_ceil(QCOW2_CLUSTER).next_power_of_two() * 8;
+    (need > DEFAULT_L2_CACHE_SIZE).then_some(need.min(MAX_L2_CACHE_SIZE))
 }
 
 impl RunEnv<'_> {
