@@ -650,3 +650,53 @@ fn a_request_over_scattered_clusters_is_cut_into_runs() {
     expected[off as usize..off as usize + len].copy_from_slice(&mine);
     assert_bytes_eq(&read_through_qemu(&img, &dir), &expected, 0, "through QEMU");
 }
+
+/// A cluster one thread holds as "in the backing file" (or "zeros", without one) is written
+/// through another queue's thread, which allocates it in the overlay: the first thread reads
+/// the new data at once, not the base's.
+#[test]
+fn a_cluster_allocated_by_one_thread_is_read_anew_by_the_others() {
+    for with_base in [true, false] {
+        let dir = TestDir::new();
+        let overlay = dir.join("overlay.qcow2");
+        let sock = dir.join("s.sock");
+        let export = if with_base {
+            let base = base_image(&dir, "raw");
+            overlay_export(&sock, &overlay, &base, "raw")
+        } else {
+            Export::file(&sock, &overlay)
+                .queues(2)
+                .set("format", "qcow2")
+                .set("size", &SIZE.to_string())
+        };
+        let mut d = Daemon::start(&dir, &[export]);
+        let mut c = Client::connect(&sock, 2).unwrap();
+        let base = if with_base {
+            pattern_bytes(SIZE, 0, Some(BASE_SEED))
+        } else {
+            vec![0u8; SIZE as usize]
+        };
+        for round in 0..6u64 {
+            let off = (round * 5 + 1) * CLUSTER + 8192;
+            let range = off as usize..off as usize + 4096;
+            // Twice on queue 0: the second read is served from its thread's cache.
+            for _ in 0..2 {
+                assert!(c.read_vec(0, off, 4096).unwrap()[..] == base[range.clone()]);
+            }
+            let mine = pattern_bytes(4096, off, Some(round + 50));
+            c.write(1, off, &mine).unwrap();
+            assert!(
+                c.read_vec(0, off, 4096).unwrap() == mine,
+                "base {with_base}, round {round}: queue 0 read the old data"
+            );
+            // The rest of the cluster kept the base's (copy-on-write).
+            let next = off + 4096;
+            assert!(
+                c.read_vec(0, next, 4096).unwrap()[..] == base[next as usize..next as usize + 4096]
+            );
+        }
+        drop(c);
+        d.stop();
+        assert_checks_clean(&overlay, false);
+    }
+}

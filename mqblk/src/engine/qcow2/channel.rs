@@ -1,13 +1,13 @@
 //! One I/O thread's way to a qcow2 export: its ring for what its mapping cache holds, the
 //! metadata workers for the rest.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use super::image::Image;
-use super::mapping::MappingCache;
+use super::mapping::{MappingCache, Target};
 use super::metadata::{self, IoVecs, Job, Replies, Reply, Work};
 use super::Shared;
 use crate::engine::{self, Channel, Op, Started};
@@ -38,13 +38,11 @@ impl Qcow2Channel {
         if now == self.epoch {
             return;
         }
-        match metadata::invalidations_since(&self.image, self.epoch) {
-            Some(list) => {
-                for i in list.iter().filter(|i| i.epoch <= now) {
-                    self.cache.invalidate(i.offset, i.len);
-                }
-            }
-            None => self.cache.clear(),
+        let cache = &mut self.cache;
+        if !metadata::catch_up(&self.image, self.epoch, |offset, len| {
+            cache.invalidate(offset, len)
+        }) {
+            cache.clear();
         }
         self.epoch = now;
     }
@@ -93,41 +91,28 @@ impl Channel for Qcow2Channel {
             } => {
                 // SAFETY: the caller's contract: `iovcnt` valid iovecs.
                 let len = unsafe { engine::op_bytes(op) };
+                let write = matches!(op, Op::Write { .. });
                 // A write-through write goes to its cluster directly only once the cluster's
                 // allocation is durable too (see `Image::metadata_durable`).
                 let direct_ok = match *op {
                     Op::Write { sync: true, .. } => self.image.metadata_durable(),
                     _ => true,
                 };
-                if let Some(host) = self.cache.lookup(offset, len).filter(|_| direct_ok) {
-                    let at_host = match *op {
-                        Op::Read {
-                            iovs,
-                            iovcnt,
-                            buf_index,
-                            ..
-                        } => Op::Read {
-                            offset: host,
-                            iovs,
-                            iovcnt,
-                            buf_index,
-                        },
-                        Op::Write {
-                            iovs,
-                            iovcnt,
-                            sync,
-                            buf_index,
-                            ..
-                        } => Op::Write {
-                            offset: host,
-                            iovs,
-                            iovcnt,
-                            sync,
-                            buf_index,
-                        },
-                        _ => unreachable!("a read or a write"),
-                    };
-                    return Started::Ring(engine::rw_entry(self.image.file.as_raw_fd(), &at_host));
+                match self.cache.lookup(offset, len, write).filter(|_| direct_ok) {
+                    Some(Target::Zeros) => {
+                        // SAFETY: a read's iovecs are valid for writes of their length (the
+                        // caller's contract); zeroing them completes it.
+                        unsafe { zero_iovecs(iovs, iovcnt) };
+                        return Started::Done(len as i32);
+                    }
+                    Some(Target::File {
+                        layer, offset: at, ..
+                    }) => {
+                        if let Some(fd) = self.image.layer_fd(layer) {
+                            return Started::Ring(engine::rw_entry(fd, &with_offset(op, at)));
+                        }
+                    }
+                    None => {}
                 }
                 let iovs = IoVecs {
                     ptr: iovs,
@@ -174,10 +159,55 @@ impl Channel for Qcow2Channel {
             // Hints read before the latest invalidation may be stale: dropped.
             if reply.epoch == self.epoch {
                 for h in &reply.hints {
-                    self.cache.insert(h.guest, h.host, h.len);
+                    self.cache.insert(h.guest, h.target, h.len);
                 }
             }
             done(reply.token, reply.result);
         }
+    }
+}
+
+/// `op` (a read or a write) at another offset.
+fn with_offset(op: &Op, offset: u64) -> Op {
+    match *op {
+        Op::Read {
+            iovs,
+            iovcnt,
+            buf_index,
+            ..
+        } => Op::Read {
+            offset,
+            iovs,
+            iovcnt,
+            buf_index,
+        },
+        Op::Write {
+            iovs,
+            iovcnt,
+            sync,
+            buf_index,
+            ..
+        } => Op::Write {
+            offset,
+            iovs,
+            iovcnt,
+            sync,
+            buf_index,
+        },
+        other => other,
+    }
+}
+
+/// Fills the memory of `iovcnt` iovecs at `iovs` with zeros.
+///
+/// # Safety
+/// `iovs` must point to `iovcnt` iovecs, each describing memory valid for writes of its
+/// length.
+unsafe fn zero_iovecs(iovs: *const libc::iovec, iovcnt: u32) {
+    // SAFETY: the caller's contract.
+    let iovs = unsafe { std::slice::from_raw_parts(iovs, iovcnt as usize) };
+    for v in iovs {
+        // SAFETY: the caller's contract: valid for writes of `iov_len` bytes.
+        unsafe { std::ptr::write_bytes(v.iov_base.cast::<u8>(), 0, v.iov_len) };
     }
 }

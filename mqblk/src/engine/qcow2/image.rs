@@ -40,7 +40,7 @@ pub struct Invalidation {
 }
 
 /// How many invalidations are remembered; a thread that missed more forgets its whole cache.
-pub const INVALIDATIONS_KEPT: usize = 64;
+pub const INVALIDATIONS_KEPT: usize = 1024;
 
 /// An open qcow2 export: the image through imago (for metadata and the slow path), the top
 /// file for the I/O threads' rings, and what keeps their mapping caches true.
@@ -49,6 +49,9 @@ pub struct Image {
     pub access: Access,
     /// The top image file, opened as imago's is (same flags), for the I/O threads' rings.
     pub file: std::fs::File,
+    /// The backing images' files, read-only, for the rings' reads: `backing_files[k - 1]` is
+    /// the image `k` below the top.
+    pub backing_files: Vec<std::fs::File>,
     /// log2 of the cluster size.
     pub cluster_bits: u32,
     /// Bumped (after the metadata changed, before the request that changed it completes)
@@ -72,6 +75,19 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Qco
 }
 
 impl Image {
+    /// The descriptor of the file of image `layer` (0: the top), for a ring entry.
+    #[inline]
+    pub fn layer_fd(&self, layer: u8) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match layer {
+            0 => Some(self.file.as_raw_fd()),
+            k => self
+                .backing_files
+                .get(usize::from(k) - 1)
+                .map(AsRawFd::as_raw_fd),
+        }
+    }
+
     /// Whether every metadata-path write so far has its metadata on stable storage: only then
     /// may a write-through (`RWF_DSYNC`) write go to a cached cluster directly, since the
     /// cluster's allocation may be one of those writes'. Read in this order, a write that has
@@ -111,14 +127,18 @@ fn imago_file(
     ImagoFile::from_open_file(file, opts).map_err(io_err("cannot use", path))
 }
 
-/// Opens one read-only layer of a backing chain over `below`.
-fn open_backing(layer: &Layer, below: Option<Access>, direct: bool) -> Result<Access, Qcow2Error> {
-    let file = imago_file(
-        open_file(&layer.path, false, direct)?,
-        &layer.path,
-        false,
-        direct,
-    )?;
+/// Opens one read-only layer of a backing chain over `below`; returns it and a descriptor of
+/// its file for the I/O threads' rings.
+fn open_backing(
+    layer: &Layer,
+    below: Option<Access>,
+    direct: bool,
+) -> Result<(Access, std::fs::File), Qcow2Error> {
+    let opened = open_file(&layer.path, false, direct)?;
+    let ring_file = opened
+        .try_clone()
+        .map_err(io_err("cannot duplicate", &layer.path))?;
+    let file = imago_file(opened, &layer.path, false, direct)?;
     let gate = DenyImplicitOpenGate::default();
     let opened = match layer.format {
         BackingFormat::Raw => Raw::builder(file)
@@ -132,7 +152,8 @@ fn open_backing(layer: &Layer, below: Option<Access>, direct: bool) -> Result<Ac
             .open(gate)
             .map(FormatAccess::new),
     };
-    opened.map_err(io_err("cannot open the backing image", &layer.path))
+    let access = opened.map_err(io_err("cannot open the backing image", &layer.path))?;
+    Ok((access, ring_file))
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain.
@@ -140,9 +161,14 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Err
     let top = header::parse(path, &header::read_head(path)?)?;
     let layers = header::chain(path)?;
     let mut below = None;
+    let mut backing_files = Vec::with_capacity(layers.len() - 1);
     for layer in layers[1..].iter().rev() {
-        below = Some(open_backing(layer, below.take(), direct)?);
+        let (access, file) = open_backing(layer, below.take(), direct)?;
+        below = Some(access);
+        backing_files.push(file);
     }
+    // Counted from the top, as the chain is.
+    backing_files.reverse();
     let writable = !readonly;
     let file = open_file(path, writable, direct)?;
     let ring_file = file.try_clone().map_err(io_err("cannot duplicate", path))?;
@@ -155,6 +181,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Err
     Ok(Image {
         access: FormatAccess::new(qcow2),
         file: ring_file,
+        backing_files,
         cluster_bits: top.cluster_bits,
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),

@@ -14,7 +14,6 @@
 //! imago writes back the L2 tables that point at it (its caches write refcounts before L2
 //! tables), then everything is synced.
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -22,9 +21,10 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use imago::io_buffers::{IoVector, IoVectorMut};
-use imago::Mapping;
+use imago::{Mapping, ShallowMapping};
 
-use super::image::{Image, Invalidation, INVALIDATIONS_KEPT};
+use super::image::{Access, Image, Invalidation, INVALIDATIONS_KEPT};
+use super::mapping::{Target, MAX_LAYERS};
 
 /// Clusters around a miss whose mappings a reply carries (a 32 MiB window at 64 KiB clusters):
 /// one trip warms the cache for the neighbourhood, not one cluster.
@@ -69,13 +69,13 @@ pub struct Job {
     pub replies: Arc<Replies>,
 }
 
-/// A run of guest clusters at a file offset, writable in place.
+/// Where a run of guest clusters is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hint {
     /// Guest offset (cluster-aligned).
     pub guest: u64,
-    /// File offset.
-    pub host: u64,
+    /// Where it is.
+    pub target: Target,
     /// Bytes.
     pub len: u64,
 }
@@ -130,8 +130,7 @@ fn serve(image: &Image, jobs: &Mutex<Receiver<Job>>) {
             Ok(job) => job,
             Err(_) => return,
         };
-        let epoch = image.epoch.load(Ordering::Acquire);
-        let (result, hints) = run(image, job.work);
+        let (result, (hints, epoch)) = run(image, job.work);
         job.replies.push(Reply {
             token: job.token,
             result,
@@ -145,8 +144,10 @@ fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-/// Does one job; returns its result and the hints for the caller's cache.
-fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
+/// Does one job; returns its result and the hints for the caller's cache with the epoch they
+/// are true in.
+fn run(image: &Image, work: Work) -> (i32, (Vec<Hint>, u64)) {
+    let none = || (Vec::new(), 0);
     match work {
         Work::Read { offset, iovs } => {
             // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
@@ -157,7 +158,7 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             }
             match image.access.readv(v, offset) {
                 Ok(()) => (len as i32, hints(image, offset)),
-                Err(e) => (errno(&e), Vec::new()),
+                Err(e) => (errno(&e), none()),
             }
         }
         Work::Write { offset, iovs, sync } => {
@@ -170,6 +171,8 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
             let mut result = image.access.writev(v, offset);
             image.writes_done.fetch_add(1, Ordering::AcqRel);
+            // It may have allocated clusters that threads hold as in a backing file or zeros.
+            invalidate(image, offset, len as u64);
             if result.is_ok() {
                 result = if sync {
                     flush(image)
@@ -180,17 +183,17 @@ fn run(image: &Image, work: Work) -> (i32, Vec<Hint>) {
             image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
             match result {
                 Ok(()) => (len as i32, hints(image, offset)),
-                Err(e) => (errno(&e), Vec::new()),
+                Err(e) => (errno(&e), none()),
             }
         }
         Work::Flush => match flush(image) {
-            Ok(()) => (0, Vec::new()),
-            Err(e) => (errno(&e), Vec::new()),
+            Ok(()) => (0, none()),
+            Err(e) => (errno(&e), none()),
         },
         Work::Zero { offset, len, unmap } => {
             match zero(image, offset, len, unmap).and_then(|()| write_back(image)) {
-                Ok(()) => (0, Vec::new()),
-                Err(e) => (errno(&e), Vec::new()),
+                Ok(()) => (0, none()),
+                Err(e) => (errno(&e), none()),
             }
         }
     }
@@ -296,48 +299,85 @@ pub fn invalidate(image: &Image, offset: u64, len: u64) {
     image.epoch.store(epoch, Ordering::Release);
 }
 
-/// The in-place writable runs of the top image in the window of clusters around `offset`.
-fn hints(image: &Image, offset: u64) -> Vec<Hint> {
+/// Where the clusters in the window around `offset` are, as far as a thread may cache it, and
+/// the epoch that is true in (read first: a change after it bumps the epoch past it).
+fn hints(image: &Image, offset: u64) -> (Vec<Hint>, u64) {
+    let epoch = image.epoch.load(Ordering::Acquire);
     let window = HINT_WINDOW_CLUSTERS << image.cluster_bits;
     let start = offset / window * window;
     let end = (start + window).min(image.access.size());
     let mut out = Vec::new();
     let mut at = start;
     while at < end {
-        let Ok((mapping, n)) = image.access.get_mapping(at, end - at) else {
+        let Ok((target, n)) = resolve(&image.access, at, end - at) else {
             break;
         };
         if n == 0 {
             break;
         }
-        if let Mapping::Raw {
-            offset: host,
-            writable: true,
-            ..
-        } = mapping
-        {
+        if let Some(target) = target {
             out.push(Hint {
                 guest: at,
-                host,
+                target,
                 len: n,
             });
         }
         at += n;
     }
-    out
+    (out, epoch)
 }
 
-/// The invalidations after epoch `seen`, or `None` when some of them are no longer kept.
-pub fn invalidations_since(image: &Image, seen: u64) -> Option<VecDeque<Invalidation>> {
+/// Where guest `offset` of `top` is, and for how many bytes it stays so: in which image of the
+/// chain (counted from the top) at which file offset, or zeros; `None` for what only imago can
+/// read (compressed clusters, a chain deeper than a cache holds).
+fn resolve(top: &Access, offset: u64, max: u64) -> io::Result<(Option<Target>, u64)> {
+    let (mut layer, mut depth, mut offset, mut max) = (top, 0u8, offset, max);
+    loop {
+        let (mapping, n) = layer.get_shallow_mapping(offset, max)?;
+        return Ok(match mapping {
+            ShallowMapping::Raw {
+                offset, writable, ..
+            } => (
+                Some(Target::File {
+                    layer: depth,
+                    offset,
+                    writable: writable && depth == 0,
+                }),
+                n,
+            ),
+            ShallowMapping::Indirect {
+                layer: below,
+                offset: at,
+                ..
+            } if depth < MAX_LAYERS => {
+                (layer, depth, offset, max) = (below, depth + 1, at, n);
+                continue;
+            }
+            ShallowMapping::Zero { .. } => (Some(Target::Zeros), n),
+            // Past the end of a backing image: zeros up to the top's size.
+            ShallowMapping::Eof { .. } if depth > 0 => (Some(Target::Zeros), max),
+            ShallowMapping::Eof { .. } => (None, 0),
+            _ => (None, n),
+        });
+    }
+}
+
+/// Brings a thread's view from epoch `seen` up to date: `forget` is called with each range
+/// invalidated since. Returns false when some of those are no longer kept (the thread must
+/// forget everything).
+pub fn catch_up(image: &Image, seen: u64, mut forget: impl FnMut(u64, u64)) -> bool {
     let log = image
         .invalidations
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     match log.front() {
         Some(first) if first.epoch <= seen + 1 => {
-            Some(log.iter().filter(|i| i.epoch > seen).copied().collect())
+            for i in log.iter().rev().take_while(|i| i.epoch > seen) {
+                forget(i.offset, i.len);
+            }
+            true
         }
-        _ => None,
+        _ => false,
     }
 }
 

@@ -5,18 +5,25 @@
 //! imago (a qcow2 library by a QEMU block-layer maintainer) owns the format: the header, the L1
 //! and L2 tables, refcounts, allocation, copy-on-write from backing images, zero clusters,
 //! compressed clusters, resize and image creation. mqblk keeps the data path: each I/O thread
-//! caches where guest clusters are in the image file ([`mapping`]) and turns a request on
-//! cached clusters into one entry on its own ring at the file offset, as for a raw image. What
-//! the cache cannot serve goes to a few metadata workers per export ([`metadata`]), which do
-//! it through imago and answer with the mappings the thread may cache from then on.
+//! caches where guest clusters are ([`mapping`]): in which image of the chain at which file
+//! offset, or nowhere (zeros). A read of cached clusters becomes one entry on the thread's own
+//! ring at that file offset, as for a raw image (or is answered at once with zeros); a write,
+//! when its clusters are allocated in the top image. What the cache cannot serve goes to a few
+//! metadata workers per export ([`metadata`]), which do it through imago and answer with the
+//! mappings the thread may cache from then on.
 //!
-//! The one hazard of caching mappings is a cluster that moves while a thread still points at
-//! it. mqblk never frees a cluster while it serves an image: discard and write-zeroes turn
-//! clusters into zero clusters that keep their place in the file (with `unmap`, the file's
-//! blocks are punched out), so a stale mapping can only point at the cluster's own place.
-//! Such a mapping is still stale (a write there would be lost behind the zero flag), so every
-//! zeroing bumps the image's epoch with the range it made stale, before the request
-//! completes, and each thread forgets that range before it next uses its cache.
+//! The hazard of caching mappings is a mapping that changes while a thread still holds it:
+//! - A write on the metadata path may allocate a cluster that threads hold as "in a backing
+//!   file" or "zeros"; a write-zeroes or discard turns clusters into zero clusters. Each bumps
+//!   the image's epoch and logs the range it touched, after the metadata changed and before
+//!   the request completes, and each thread forgets the logged ranges before it next uses its
+//!   cache; mappings read before a bump are dropped when they arrive after it.
+//! - A cluster that is freed and given to another guest offset would leave a thread writing
+//!   into another offset's data. mqblk never frees a cluster while it serves an image:
+//!   zeroed clusters keep their place in the file (with `unmap`, the file's blocks are punched
+//!   out), so a stale mapping can only point at the cluster's own place.
+//! - A snapshot replaces the top image while no request is in flight; each thread takes the
+//!   new one, with an empty cache, before its next request.
 
 mod channel;
 mod image;
