@@ -59,6 +59,12 @@ pub struct Image {
     pub epoch: AtomicU64,
     /// The last [`INVALIDATIONS_KEPT`] invalidations, oldest first.
     pub invalidations: Mutex<VecDeque<Invalidation>>,
+    /// Jobs whose metadata changes (in imago's caches) are done, counted as each finishes.
+    pub changed: AtomicU64,
+    /// The count of `changed` the last write-back of the metadata began after: every job
+    /// counted up to it has its metadata in the image file. Held through a write-back, so
+    /// that jobs finishing meanwhile are written back together by the next holder.
+    pub written_back: Mutex<u64>,
     /// Metadata-path writes under way (each may be allocating clusters).
     pub writes_in_progress: AtomicU64,
     /// Metadata-path writes finished: bumped after imago returns, so that the mappings a
@@ -185,6 +191,8 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Err
         cluster_bits: top.cluster_bits,
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
+        changed: AtomicU64::new(0),
+        written_back: Mutex::new(0),
         writes_in_progress: AtomicU64::new(0),
         writes_done: AtomicU64::new(0),
         writes_durable: AtomicU64::new(0),

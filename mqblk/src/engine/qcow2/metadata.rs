@@ -124,19 +124,61 @@ pub fn start_workers(image: &Arc<Image>, count: usize, name: &str) -> io::Result
     Ok(tx)
 }
 
+/// Most jobs a worker takes at once: their metadata is written back together.
+const BATCH: usize = 32;
+
 fn serve(image: &Image, jobs: &Mutex<Receiver<Job>>) {
+    let mut batch: Vec<(Job, Done)> = Vec::with_capacity(BATCH);
     loop {
-        let job = match jobs.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-            Ok(job) => job,
-            Err(_) => return,
+        {
+            // The first job blocking, then whatever else is queued already.
+            let rx = jobs.lock().unwrap_or_else(|e| e.into_inner());
+            match rx.recv() {
+                Ok(job) => batch.push((job, Done::default())),
+                Err(_) => return,
+            }
+            while batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push((job, Done::default())),
+                    Err(_) => break,
+                }
+            }
+        }
+        for (job, done) in &mut batch {
+            *done = perform(image, &job.work);
+        }
+        // Once for the batch: what the jobs changed reaches the image file (and stable storage,
+        // for a write-through write) before any of them completes.
+        let persist = batch
+            .iter()
+            .map(|(_, d)| d.persist)
+            .max()
+            .unwrap_or_default();
+        let changed = image.changed.fetch_add(1, Ordering::AcqRel) + 1;
+        let persisted = match persist {
+            Persist::Nothing => Ok(()),
+            Persist::WriteBack => write_back(image, changed),
+            Persist::Sync => flush(image),
         };
-        let (result, (hints, epoch)) = run(image, job.work);
-        job.replies.push(Reply {
-            token: job.token,
-            result,
-            hints,
-            epoch,
-        });
+        for (job, done) in batch.drain(..) {
+            let mut result = done.result;
+            if let (Err(e), true) = (&persisted, result >= 0 && done.persist != Persist::Nothing) {
+                result = errno(e);
+            }
+            if done.is_write {
+                image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
+            }
+            let (hints, epoch) = match done.hint {
+                Some((offset, len)) if result >= 0 => hints(image, offset, len),
+                _ => (Vec::new(), 0),
+            };
+            job.replies.push(Reply {
+                token: job.token,
+                result,
+                hints,
+                epoch,
+            });
+        }
     }
 }
 
@@ -144,58 +186,93 @@ fn errno(e: &io::Error) -> i32 {
     -e.raw_os_error().unwrap_or(libc::EIO)
 }
 
-/// Does one job; returns its result and the hints for the caller's cache with the epoch they
-/// are true in.
-fn run(image: &Image, work: Work) -> (i32, (Vec<Hint>, u64)) {
-    let none = || (Vec::new(), 0);
+/// What a job's metadata changes need before it may complete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Persist {
+    /// Nothing changed.
+    #[default]
+    Nothing,
+    /// Written to the image file (a crash of mqblk must not lose it).
+    WriteBack,
+    /// On stable storage (a write-through write).
+    Sync,
+}
+
+/// A performed job, before its metadata is persisted and it completes.
+#[derive(Debug, Default)]
+struct Done {
+    /// Bytes transferred, 0, or a negative errno.
+    result: i32,
+    /// What it needs persisted.
+    persist: Persist,
+    /// A write (counted in `writes_in_progress` until it completes).
+    is_write: bool,
+    /// The range whose neighbourhood to send mappings of: `(offset, len)`, with `len` 0 for
+    /// the window around `offset`.
+    hint: Option<(u64, u64)>,
+}
+
+/// Does one job's I/O and metadata work (in imago's caches).
+fn perform(image: &Image, work: &Work) -> Done {
+    let failed = |e: io::Error| Done {
+        result: errno(&e),
+        ..Done::default()
+    };
     match work {
         Work::Read { offset, iovs } => {
             // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
-            let (bufs, len) = unsafe { slices(&iovs) };
+            let (bufs, len) = unsafe { slices(iovs) };
             let mut v = IoVectorMut::with_capacity(bufs.len());
             for b in bufs {
                 v.push(b);
             }
-            match image.access.readv(v, offset) {
-                Ok(()) => (len as i32, hints(image, offset)),
-                Err(e) => (errno(&e), none()),
+            match image.access.readv(v, *offset) {
+                Ok(()) => Done {
+                    result: len as i32,
+                    hint: Some((*offset, 0)),
+                    ..Done::default()
+                },
+                Err(e) => failed(e),
             }
         }
         Work::Write { offset, iovs, sync } => {
             // SAFETY: as for the read; a write only reads them.
-            let (bufs, len) = unsafe { slices(&iovs) };
+            let (bufs, len) = unsafe { slices(iovs) };
             let mut v = IoVector::with_capacity(bufs.len());
             for b in bufs {
                 v.push(&*b);
             }
             image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
-            let mut result = image.access.writev(v, offset);
+            let result = image.access.writev(v, *offset);
             image.writes_done.fetch_add(1, Ordering::AcqRel);
             // It may have allocated clusters that threads hold as in a backing file or zeros.
-            invalidate(image, offset, len as u64);
-            if result.is_ok() {
-                result = if sync {
-                    flush(image)
+            invalidate(image, *offset, len as u64);
+            Done {
+                result: match result {
+                    Ok(()) => len as i32,
+                    Err(e) => errno(&e),
+                },
+                persist: if *sync {
+                    Persist::Sync
                 } else {
-                    write_back(image)
-                };
-            }
-            image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
-            match result {
-                Ok(()) => (len as i32, hints(image, offset)),
-                Err(e) => (errno(&e), none()),
+                    Persist::WriteBack
+                },
+                is_write: true,
+                // Only its own clusters: their neighbours are allocated one by one too.
+                hint: Some((*offset, len as u64)),
             }
         }
         Work::Flush => match flush(image) {
-            Ok(()) => (0, none()),
-            Err(e) => (errno(&e), none()),
+            Ok(()) => Done::default(),
+            Err(e) => failed(e),
         },
-        Work::Zero { offset, len, unmap } => {
-            match zero(image, offset, len, unmap).and_then(|()| write_back(image)) {
-                Ok(()) => (0, none()),
-                Err(e) => (errno(&e), none()),
-            }
-        }
+        Work::Zero { offset, len, unmap } => match zero(image, *offset, *len, *unmap) {
+            Ok(()) => Done {
+                persist: Persist::WriteBack,
+                ..Done::default()
+            },
+            Err(e) => failed(e),
+        },
     }
 }
 
@@ -221,13 +298,23 @@ unsafe fn slices(iovs: &IoVecs) -> (Vec<&'static mut [u8]>, usize) {
 }
 
 /// Writes what imago holds of the metadata (L2 tables, refcount blocks) to the image file, without
-/// syncing: done before a write or a zeroing on the metadata path completes, so that a crash of
-/// mqblk loses none of it (the kernel has it), as a crash loses nothing of a raw image. A guest
-/// that survives mqblk (it reconnects, and in-flight tracking resubmits only what had not
-/// completed) must find every completed write. imago writes only what changed; writes that
-/// complete while one worker writes back are covered by the next.
-fn write_back(image: &Image) -> io::Result<()> {
-    image.access.flush()
+/// syncing, once the changes counted `changed` are done: before a write or a zeroing on the
+/// metadata path completes, so that a crash of mqblk loses none of it (the kernel has it), as a
+/// crash loses nothing of a raw image. A guest that survives mqblk (it reconnects, and in-flight
+/// tracking resubmits only what had not completed) must find every completed write.
+///
+/// A group commit: imago writes whole tables, which costs more than the change, so workers that
+/// finish while one writes back wait for it and the next of them writes back for all (a
+/// write-back that began after a job's changes were counted covers them).
+fn write_back(image: &Image, changed: u64) -> io::Result<()> {
+    let mut written_back = image.written_back.lock().unwrap_or_else(|e| e.into_inner());
+    if *written_back >= changed {
+        return Ok(());
+    }
+    let upto = image.changed.load(Ordering::Acquire);
+    image.access.flush()?;
+    *written_back = upto;
+    Ok(())
 }
 
 /// Makes every completed write and the metadata that points at it durable.
@@ -299,13 +386,24 @@ pub fn invalidate(image: &Image, offset: u64, len: u64) {
     image.epoch.store(epoch, Ordering::Release);
 }
 
-/// Where the clusters in the window around `offset` are, as far as a thread may cache it, and
-/// the epoch that is true in (read first: a change after it bumps the epoch past it).
-fn hints(image: &Image, offset: u64) -> (Vec<Hint>, u64) {
+/// Where the clusters of `offset..offset + len` are (with `len` 0, the clusters of the window
+/// around `offset`), as far as a thread may cache it, and the epoch that is true in (read
+/// first: a change after it bumps the epoch past it).
+fn hints(image: &Image, offset: u64, len: u64) -> (Vec<Hint>, u64) {
     let epoch = image.epoch.load(Ordering::Acquire);
-    let window = HINT_WINDOW_CLUSTERS << image.cluster_bits;
-    let start = offset / window * window;
-    let end = (start + window).min(image.access.size());
+    let cluster = 1u64 << image.cluster_bits;
+    let (start, end) = match len {
+        0 => {
+            let window = HINT_WINDOW_CLUSTERS << image.cluster_bits;
+            let start = offset / window * window;
+            (start, start + window)
+        }
+        _ => (
+            offset / cluster * cluster,
+            (offset + len).next_multiple_of(cluster),
+        ),
+    };
+    let end = end.min(image.access.size());
     let mut out = Vec::new();
     let mut at = start;
     while at < end {
