@@ -243,23 +243,35 @@ fn perform(image: &Image, work: &Work) -> Done {
                 v.push(&*b);
             }
             image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
+            // A write into clusters allocated in place (a thread's cache miss, not an
+            // allocation) changes no mapping, unless something else changed them meanwhile
+            // (which bumps the epoch).
+            let epoch = image.epoch.load(Ordering::Acquire);
+            let in_place = matches!(
+                resolve(&image.access, *offset, len as u64),
+                Ok((Some(Target::File { writable: true, .. }), n)) if n >= len as u64
+            );
             let result = image.access.writev(v, *offset);
             image.writes_done.fetch_add(1, Ordering::AcqRel);
-            // It may have allocated clusters that threads hold as in a backing file or zeros.
-            invalidate(image, *offset, len as u64);
+            let changed = !in_place || image.epoch.load(Ordering::Acquire) != epoch;
+            if changed {
+                // It may have allocated clusters threads hold as in a backing file or zeros.
+                invalidate(image, *offset, len as u64);
+            }
             Done {
                 result: match result {
                     Ok(()) => len as i32,
                     Err(e) => errno(&e),
                 },
-                persist: if *sync {
-                    Persist::Sync
-                } else {
-                    Persist::WriteBack
+                persist: match (*sync, changed) {
+                    (true, _) => Persist::Sync,
+                    (false, true) => Persist::WriteBack,
+                    (false, false) => Persist::Nothing,
                 },
                 is_write: true,
-                // Only its own clusters: their neighbours are allocated one by one too.
-                hint: Some((*offset, len as u64)),
+                // An allocation: only its own clusters (their neighbours are allocated one by
+                // one too); a miss: the window around it, as for a read.
+                hint: Some((*offset, if changed { len as u64 } else { 0 })),
             }
         }
         Work::Flush => match flush(image) {
