@@ -47,8 +47,9 @@ use support::daemon::{stats_when, write_image, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT
 use support::proc::Proc;
 use support::qemu::{
     failure_list, log_section, mqblk_serve, park_miller, read_lossy, report_line, result_failure,
-    seed_from_env, word_value, GuestBoot, Qemu, WorkDir, PARK_MILLER_M, SETUP_HINT,
+    seed_from_env, word_value, GuestBoot, Qemu, WorkDir, PARK_MILLER_M,
 };
+use support::qemu_img::qemu_img;
 
 /// Image size in 512-byte sectors (64 MiB).
 const IMAGE_SECTORS: u64 = 128 * 1024;
@@ -523,20 +524,6 @@ fn base_image(seed: u64) -> Vec<u8> {
         }
     }
     image
-}
-
-/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
-fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
 }
 
 /// `qemu-img check` of the qcow2 image: it must find it clean (exit 0: no corruption, no

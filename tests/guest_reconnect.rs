@@ -75,8 +75,9 @@ use support::daemon::{write_image, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
     failure_list, log_section, md5_hex, mqblk_serve, read_lossy, result_failure, seed_from_env,
-    tail, word_value, GuestBoot, Qemu, WorkDir, MARK, SETUP_HINT,
+    tail, word_value, GuestBoot, Qemu, WorkDir, MARK,
 };
+use support::qemu_img::qemu_img;
 use support::rng::XorShift;
 
 /// Image size in MiB.
@@ -635,20 +636,6 @@ fn kills_from_env(default: usize) -> usize {
             .unwrap_or_else(|e| panic!("MQBLK_RECONNECT_KILLS={s:?}: {e}")),
         Err(_) => default,
     }
-}
-
-/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
-fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
-    let out = std::process::Command::new("qemu-img")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
 }
 
 /// `qemu-img check` of the qcow2 image: exit 0, or 3 (leaked clusters only: a SIGKILLed

@@ -71,8 +71,9 @@ use support::daemon::{mqblk_bin, MIB, SHUTDOWN_TIMEOUT, STARTUP_TIMEOUT};
 use support::proc::Proc;
 use support::qemu::{
     is_kernel_trouble, log_section, md5_hex, read_lossy, report_line, seed_from_env, tail,
-    word_value, GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID, SETUP_HINT,
+    word_value, GuestBoot, Qemu, QemuFiles, WorkDir, DISK_ID,
 };
+use support::qemu_img::qemu_img;
 use support::qmp::Qmp;
 
 /// Queues of the disk (and vCPUs of the guest).
@@ -120,20 +121,6 @@ fn mbr() -> [u8; 512] {
     }
     mbr[510..].copy_from_slice(&[0x55, 0xaa]);
     mbr
-}
-
-/// Runs `qemu-img ARGS`; returns its exit code and its output (stdout, then stderr).
-fn qemu_img(args: &[&str]) -> Result<(i32, String), String> {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run qemu-img {args:?}: {e}; {SETUP_HINT}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok((out.status.code().unwrap_or(-1), text))
 }
 
 /// The tests run one at a time: each runs two TCG guests on a small machine.

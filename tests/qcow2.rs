@@ -4,62 +4,17 @@
 //! mqblk must not serve is refused with one line that says what to do.
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use mqblk_client::{Client, Pattern};
 use support::daemon::*;
+use support::qemu_img::{assert_checks_clean, qemu_img_ok, read_through_qemu};
 
 const SIZE: u64 = 32 << 20;
 const CLUSTER: u64 = 64 << 10;
 const BASE_SEED: u64 = 0xba5e;
-
-/// Runs `qemu-img ARGS`; returns (exit code, stdout + stderr).
-fn qemu_img(args: &[&str]) -> (i32, String) {
-    let out = Command::new("qemu-img")
-        .args(args)
-        .output()
-        .expect("qemu-img (bash .ci/setup installs it)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code().unwrap_or(-1), text)
-}
-
-fn qemu_img_ok(args: &[&str]) -> String {
-    let (code, text) = qemu_img(args);
-    assert_eq!(code, 0, "qemu-img {args:?}: {text}");
-    text
-}
-
-/// `qemu-img check`: no corruption and, unless `leaks_allowed`, no leaked cluster.
-fn assert_checks_clean(image: &Path, leaks_allowed: bool) {
-    let (code, text) = qemu_img(&["check", &image.display().to_string()]);
-    // 0: clean; 3: leaked clusters only; 2: corruption; 1: could not check.
-    let ok = code == 0 || (leaks_allowed && code == 3);
-    assert!(
-        ok,
-        "qemu-img check {} exited {code}:\n{text}",
-        image.display()
-    );
-}
-
-/// The guest-visible bytes of `image`, read by QEMU (`qemu-img convert` to raw).
-fn read_through_qemu(image: &Path, dir: &TestDir) -> Vec<u8> {
-    let out = dir.join("converted.raw");
-    let _ = std::fs::remove_file(&out);
-    qemu_img_ok(&[
-        "convert",
-        "-O",
-        "raw",
-        &image.display().to_string(),
-        &out.display().to_string(),
-    ]);
-    std::fs::read(&out).unwrap()
-}
 
 /// A base image of `SIZE` seeded bytes in `format` (raw, or qcow2 converted from it).
 fn base_image(dir: &TestDir, format: &str) -> std::path::PathBuf {
@@ -79,6 +34,18 @@ fn base_image(dir: &TestDir, format: &str) -> std::path::PathBuf {
     ]);
     std::fs::remove_file(&raw).unwrap();
     q
+}
+
+/// An export of a new `SIZE` qcow2 image that mqblk creates, with `queues` queues: the image's
+/// path, the socket's, and the export.
+fn new_qcow2(dir: &TestDir, queues: usize) -> (PathBuf, PathBuf, Export) {
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(queues)
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string());
+    (img, sock, export)
 }
 
 fn overlay_export(sock: &Path, overlay: &Path, base: &Path, format: &str) -> Export {
@@ -122,7 +89,7 @@ fn overlays_over_raw_and_qcow2_bases_read_back_through_qemu() {
         );
         let mut expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
         apply_verify(&mut expected, &r, seed);
-        let actual = read_through_qemu(&overlay, &dir);
+        let actual = read_through_qemu(&overlay, &dir.join("converted.raw"));
         assert_bytes_eq(
             &actual,
             &expected,
@@ -198,7 +165,7 @@ fn discard_and_write_zeroes_read_back_zeroes() {
         );
     }
     assert_bytes_eq(
-        &read_through_qemu(&overlay, &dir),
+        &read_through_qemu(&overlay, &dir.join("converted.raw")),
         &expected,
         0,
         "after discard and write-zeroes",
@@ -219,12 +186,7 @@ fn discard_and_write_zeroes_read_back_zeroes() {
 #[test]
 fn a_zeroed_cluster_is_remapped_by_every_thread() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img)
-        .queues(2)
-        .set("format", "qcow2")
-        .set("size", &SIZE.to_string());
+    let (img, sock, export) = new_qcow2(&dir, 2);
     let mut d = Daemon::start(&dir, &[export]);
     let mut c = Client::connect(&sock, 2).expect("connect");
     for round in 0..4u64 {
@@ -267,12 +229,7 @@ fn a_zeroed_cluster_is_remapped_by_every_thread() {
 #[test]
 fn flushed_data_survives_sigkill_mid_write() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img)
-        .queues(2)
-        .set("format", "qcow2")
-        .set("size", &SIZE.to_string());
+    let (img, sock, export) = new_qcow2(&dir, 2);
     let mut d = Daemon::start(&dir, std::slice::from_ref(&export));
     // The first half: verified, then flushed.
     let seed = 0xf1;
@@ -398,13 +355,8 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
 #[test]
 fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img)
-        .queues(2)
-        .set("format", "qcow2")
-        .set("size", &SIZE.to_string())
-        .set("id", "vm");
+    let (img, sock, export) = new_qcow2(&dir, 2);
+    let export = export.set("id", "vm");
     let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
     let seed_a = 0xaa;
     let mut first = verify_workload(&sock, 2, 2, 1024, seed_a);
@@ -460,7 +412,7 @@ fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
     assert_checks_clean(&img, false);
     let info = qemu_img_ok(&["info", &img.display().to_string()]);
     assert!(!info.contains("backing file"), "{info}");
-    let old = read_through_qemu(&img, &dir);
+    let old = read_through_qemu(&img, &dir.join("converted.raw"));
     let mut expected_a = vec![0u8; SIZE as usize];
     apply_verify(&mut expected_a, &ra, seed_a);
     assert_bytes_eq(
@@ -499,7 +451,7 @@ fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
     let mut expected = expected_a;
     apply_verify(&mut expected, &rb, seed_b);
     assert_bytes_eq(
-        &read_through_qemu(&overlay, &dir),
+        &read_through_qemu(&overlay, &dir.join("converted.raw")),
         &expected,
         0,
         "the new overlay",
@@ -540,7 +492,7 @@ fn resize_grows_the_image_and_refuses_to_shrink() {
     let info = qemu_img_ok(&["info", &img.display().to_string()]);
     assert!(info.contains("virtual size: 48 MiB"), "{info}");
     assert_checks_clean(&img, false);
-    let back = read_through_qemu(&img, &dir);
+    let back = read_through_qemu(&img, &dir.join("converted.raw"));
     assert!(
         back[(48 << 20) - 4096..] == tail[..],
         "the write past the old end"
@@ -600,12 +552,8 @@ fn compressed_backing_clusters_read_back() {
 #[test]
 fn a_request_over_scattered_clusters_is_cut_into_runs() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let sock = dir.join("s.sock");
+    let (img, sock, export) = new_qcow2(&dir, 1);
     let stats = dir.join("stats.json");
-    let export = Export::file(&sock, &img)
-        .set("format", "qcow2")
-        .set("size", &SIZE.to_string());
     let mut d = Daemon::start_args(&dir, &[export], &["--stats-file", stats.to_str().unwrap()]);
     let mut c = Client::connect(&sock, 1).unwrap();
     // Clusters 7, 6, ..., 0 allocated in that order: each lies before the previous one's
@@ -648,7 +596,12 @@ fn a_request_over_scattered_clusters_is_cut_into_runs() {
     let mut expected = pattern_bytes(SIZE, 0, Some(1));
     expected[8 * CLUSTER as usize..].fill(0);
     expected[off as usize..off as usize + len].copy_from_slice(&mine);
-    assert_bytes_eq(&read_through_qemu(&img, &dir), &expected, 0, "through QEMU");
+    assert_bytes_eq(
+        &read_through_qemu(&img, &dir.join("converted.raw")),
+        &expected,
+        0,
+        "through QEMU",
+    );
 }
 
 /// A cluster one thread holds as "in the backing file" (or "zeros", without one) is written
@@ -664,10 +617,7 @@ fn a_cluster_allocated_by_one_thread_is_read_anew_by_the_others() {
             let base = base_image(&dir, "raw");
             overlay_export(&sock, &overlay, &base, "raw")
         } else {
-            Export::file(&sock, &overlay)
-                .queues(2)
-                .set("format", "qcow2")
-                .set("size", &SIZE.to_string())
+            new_qcow2(&dir, 2).2
         };
         let mut d = Daemon::start(&dir, &[export]);
         let mut c = Client::connect(&sock, 2).unwrap();

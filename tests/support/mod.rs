@@ -15,6 +15,7 @@
 //! - [`metrics`]: the `--metrics` endpoint's address (from the log) and an HTTP GET.
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
+//! - [`qemu_img`]: `qemu-img` and its checks, the reference for qcow2 images mqblk wrote.
 //! - [`qmp`]: QEMU's JSON monitor (the migration test drives QEMU through it).
 //! - [`raw`]: one write bypassing libblkio's read-only check.
 //! - [`rng`]: a seeded generator for randomized tests.
@@ -36,6 +37,7 @@ pub mod mem;
 pub mod metrics;
 pub mod proc;
 pub mod qemu;
+pub mod qemu_img;
 pub mod qmp;
 pub mod raw;
 pub mod rng;

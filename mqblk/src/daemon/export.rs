@@ -14,7 +14,7 @@ use super::qos::ExportQos;
 use crate::api::ExportStatus;
 use crate::config::{ExportConfig, QosConfig};
 use crate::engine::{self, Engine};
-use crate::frontend::Device;
+use crate::frontend::{Device, Session};
 
 /// A running export.
 pub struct Export {
@@ -132,18 +132,22 @@ impl Export {
         cfg
     }
 
+    /// The session of the connected frontend, if one is.
+    fn session(&self) -> Option<Arc<Mutex<Session>>> {
+        self.state
+            .session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Takes an external snapshot (see [`Control::snapshot`](crate::api::Control::snapshot)):
     /// the frontend's rings stop once their requests complete, the engine switches to the new
     /// overlay, the rings start again where they stopped. The guest sees a pause, no error.
     pub fn snapshot(&self, overlay: &Path) -> Result<ExportStatus, Error> {
         let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let id = self.device.config().id.clone();
-        let session = self
-            .state
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let session = self.session();
         let engine = self.device.engine();
         match session {
             Some(s) => s
@@ -199,12 +203,7 @@ impl Export {
         let id = self.device.config().id.clone();
         let new = self.device.resize(size)?;
         tracing::info!(id, capacity = new, "export resized");
-        let session = self
-            .state
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let session = self.session();
         if let Some(session) = session {
             // The session's lock is held only to take the channel: the frontend reads the new
             // configuration (GET_CONFIG, served under that lock) before it acknowledges.
