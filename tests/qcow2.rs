@@ -611,13 +611,13 @@ fn a_request_over_scattered_clusters_is_cut_into_runs() {
 fn a_cluster_allocated_by_one_thread_is_read_anew_by_the_others() {
     for with_base in [true, false] {
         let dir = TestDir::new();
-        let overlay = dir.join("overlay.qcow2");
-        let sock = dir.join("s.sock");
-        let export = if with_base {
+        let (overlay, sock, export) = if with_base {
+            let (overlay, sock) = (dir.join("overlay.qcow2"), dir.join("s.sock"));
             let base = base_image(&dir, "raw");
-            overlay_export(&sock, &overlay, &base, "raw")
+            let export = overlay_export(&sock, &overlay, &base, "raw");
+            (overlay, sock, export)
         } else {
-            new_qcow2(&dir, 2).2
+            new_qcow2(&dir, 2)
         };
         let mut d = Daemon::start(&dir, &[export]);
         let mut c = Client::connect(&sock, 2).unwrap();
