@@ -650,3 +650,71 @@ fn a_cluster_allocated_by_one_thread_is_read_anew_by_the_others() {
         assert_checks_clean(&overlay, false);
     }
 }
+
+/// `readonly=on` on a qcow2 overlay: the guest reads the chain's data (the overlay's own
+/// clusters and the base's), the device is read-only, a write is refused, and neither file
+/// changes.
+#[test]
+fn a_readonly_overlay_is_read_and_never_written() {
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let overlay = dir.join("overlay.qcow2");
+    qemu_img_ok(&[
+        "create",
+        "-f",
+        "qcow2",
+        "-F",
+        "raw",
+        "-b",
+        "base.raw",
+        &overlay.display().to_string(),
+    ]);
+    // One cluster of the overlay's own.
+    let out = Command::new("qemu-io")
+        .args([
+            "-f",
+            "qcow2",
+            "-c",
+            &format!("write -P 0x5a {CLUSTER} {CLUSTER}"),
+        ])
+        .arg(&overlay)
+        .output()
+        .expect("qemu-io");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (overlay_before, base_before) = (
+        std::fs::read(&overlay).unwrap(),
+        std::fs::read(&base).unwrap(),
+    );
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &overlay)
+        .set("format", "qcow2")
+        .readonly();
+    let mut d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    assert!(c.is_read_only());
+    let expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
+    assert!(c.read_vec(0, 0, CLUSTER as usize).unwrap()[..] == expected[..CLUSTER as usize]);
+    assert!(c
+        .read_vec(0, CLUSTER, CLUSTER as usize)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0x5a));
+    assert!(
+        c.write(0, 0, &[1u8; 4096]).is_err(),
+        "a write to a read-only export succeeded"
+    );
+    drop(c);
+    d.stop();
+    assert!(
+        std::fs::read(&overlay).unwrap() == overlay_before,
+        "the overlay changed"
+    );
+    assert!(
+        std::fs::read(&base).unwrap() == base_before,
+        "the base changed"
+    );
+}
