@@ -329,6 +329,13 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
         "{e}"
     );
 
+    let sized = make("sized.qcow2");
+    let e = serve_fails(
+        &export_arg(format!("socket={sock},path={sized},format=qcow2,size=32M")),
+        Duration::from_secs(10),
+    );
+    assert!(e.contains("size=33554432") && e.contains("16777216"), "{e}");
+
     let raw = dir.image("plain.raw", 1 << 20, Some(1));
     let e = serve(&raw.display().to_string());
     assert!(
