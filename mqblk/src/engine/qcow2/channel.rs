@@ -99,7 +99,8 @@ impl Channel for Qcow2Channel {
                     _ => true,
                 };
                 match self.cache.lookup(offset, len, write).filter(|_| direct_ok) {
-                    Some(Target::Zeros) => {
+                    // (A completion's byte count is an i32: larger reads take the other way.)
+                    Some(Target::Zeros) if len <= i32::MAX as u64 => {
                         // SAFETY: a read's iovecs are valid for writes of their length (the
                         // caller's contract); zeroing them completes it.
                         unsafe { zero_iovecs(iovs, iovcnt) };
@@ -112,7 +113,7 @@ impl Channel for Qcow2Channel {
                             return Started::Ring(engine::rw_entry(fd, &with_offset(op, at)));
                         }
                     }
-                    None => {}
+                    Some(Target::Zeros) | None => {}
                 }
                 let iovs = IoVecs {
                     ptr: iovs,
