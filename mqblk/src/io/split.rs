@@ -58,11 +58,18 @@ pub struct Part {
     pub bytes: u64,
 }
 
+/// The most parts one I/O is cut into. No guest driver sends a request anywhere near it (Linux's
+/// largest is a few MiB, 4096 parts of 4 KiB are 16 MiB), but a guest can make one as large as
+/// the disk from segments that all point at the same memory: each part costs the slot an iovec
+/// and a `Part`, so an I/O that would need more fails instead.
+pub const MAX_PARTS: usize = 4096;
+
 /// Cuts the I/O of `iovs` at `offset` into parts within `limits`, and where `run_end` (given a
 /// part's offset and the bytes left) says its run ends, writing the parts' iovecs (an iovec cut
 /// in two appears in both parts, each with its share) to `out` and the parts to `parts`.
 /// Returns false if no cut can keep a part within the limits and whole blocks (at most
-/// `max_iovs` iovecs do not hold one block), which fails the request.
+/// `max_iovs` iovecs do not hold one block) or the I/O needs more than [`MAX_PARTS`] parts,
+/// which fails the request.
 pub fn plan(
     iovs: &[libc::iovec],
     offset: u64,
@@ -147,6 +154,9 @@ pub fn plan(
             }
         }
         parts.push(part);
+        if parts.len() == MAX_PARTS {
+            return false;
+        }
         part = Part {
             offset: part.offset + part.bytes,
             first: out.len(),
@@ -337,6 +347,31 @@ mod tests {
         let (out, parts) = run_cut(&iovs, l, cluster_end).unwrap();
         assert!(parts.iter().all(|p| p.bytes <= 16 << 10));
         check_covers(&iovs, &out, &parts, &l);
+    }
+
+    #[test]
+    fn an_io_needing_more_than_max_parts_fails() {
+        // 4 KiB runs over one 16 MiB + 4 KiB segment (a guest's huge request over memory it
+        // repeats): 4097 parts.
+        let l = SplitLimits {
+            max_bytes: u64::MAX,
+            max_iovs: usize::MAX,
+            block: 512,
+            cuts_runs: true,
+        };
+        let every_4k = |at: u64, left: u64| ((at / 4096 + 1) * 4096).min(at + left);
+        let at_most = [iov(0x10_0000, MAX_PARTS * 4096)];
+        let (_, parts) = run_cut(&at_most, l, every_4k).unwrap();
+        assert_eq!(parts.len(), MAX_PARTS);
+        let one_more = [iov(0x10_0000, MAX_PARTS * 4096 + 4096)];
+        assert!(run_cut(&one_more, l, every_4k).is_none());
+        // The same through the transfer limit (an NVMe controller's MDTS).
+        let mdts = SplitLimits {
+            max_bytes: 4096,
+            cuts_runs: false,
+            ..l
+        };
+        assert!(run(&one_more, mdts).is_none());
     }
 
     #[test]

@@ -319,8 +319,9 @@ impl IoThread {
                 tracing::warn!(
                     bytes,
                     iovecs = slot.io_iovs().len(),
+                    max_parts = super::split::MAX_PARTS,
                     dropped_logs = d,
-                    "request cannot be split into whole blocks within the device's limits"
+                    "request cannot be split within the device's limits (into whole blocks, at most max_parts parts)"
                 );
             }
             self.complete_io(lead, -libc::EINVAL, false);
