@@ -199,7 +199,7 @@ pub enum SnapshotError {
     ReadOnly,
     /// The overlay could not be made or opened.
     #[error(transparent)]
-    Qcow2(#[from] crate::format::qcow2::Qcow2Error),
+    Open(#[from] OpenError),
 }
 
 /// Why an export could not be resized. Each message is one line for the operator.

@@ -22,6 +22,7 @@ use imago::{
 };
 
 use crate::config::qcow2::{BackingFormat, Qcow2Config};
+use crate::engine::OpenError;
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
@@ -75,9 +76,9 @@ pub struct Image {
     pub writes_durable: AtomicU64,
 }
 
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Qcow2Error {
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OpenError {
     let path = path.display().to_string();
-    move |err| Qcow2Error::Io { what, path, err }
+    move |err| OpenError::Io { what, path, err }
 }
 
 impl Image {
@@ -108,14 +109,14 @@ impl Image {
 
 /// Opens `path` for imago and for the rings alike: read-write unless `writable` is false, with
 /// O_DIRECT if `direct`.
-fn open_file(path: &Path, writable: bool, direct: bool) -> Result<std::fs::File, Qcow2Error> {
+fn open_file(path: &Path, writable: bool, direct: bool) -> Result<std::fs::File, OpenError> {
     let mut opts = OpenOptions::new();
     opts.read(true).write(writable);
     if direct {
         opts.custom_flags(libc::O_DIRECT);
     }
     opts.open(path).map_err(|err| match err.raw_os_error() {
-        Some(libc::EINVAL) if direct => Qcow2Error::DirectRefused(path.display().to_string()),
+        Some(libc::EINVAL) if direct => OpenError::DirectRefused(path.display().to_string()),
         _ => io_err("cannot open", path)(err),
     })
 }
@@ -125,7 +126,7 @@ fn imago_file(
     path: &Path,
     writable: bool,
     direct: bool,
-) -> Result<ImagoFile, Qcow2Error> {
+) -> Result<ImagoFile, OpenError> {
     let opts = StorageOpenOptions::new()
         .filename(path)
         .write(writable)
@@ -139,7 +140,7 @@ fn open_backing(
     layer: &Layer,
     below: Option<Access>,
     direct: bool,
-) -> Result<(Access, std::fs::File), Qcow2Error> {
+) -> Result<(Access, std::fs::File), OpenError> {
     let opened = open_file(&layer.path, false, direct)?;
     let ring_file = opened
         .try_clone()
@@ -163,7 +164,7 @@ fn open_backing(
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain.
-pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Error> {
+pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenError> {
     let top = header::parse(path, &header::read_head(path)?)?;
     let layers = header::chain(path)?;
     let mut below = None;
@@ -200,7 +201,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, Qcow2Err
 }
 
 /// The virtual size of `layer`: a raw file's length, a qcow2 image's header size.
-fn virtual_size(path: &Path, format: BackingFormat) -> Result<u64, Qcow2Error> {
+fn virtual_size(path: &Path, format: BackingFormat) -> Result<u64, OpenError> {
     match format {
         BackingFormat::Raw => Ok(std::fs::metadata(path)
             .map_err(io_err("cannot stat", path))?
@@ -212,7 +213,7 @@ fn virtual_size(path: &Path, format: BackingFormat) -> Result<u64, Qcow2Error> {
 /// Creates the qcow2 image `path`, which must not exist: `size` bytes (with `backing`, the
 /// backing image's size unless given), clusters of `cfg.cluster_size`, over `cfg.backing` if
 /// given. Returns its size.
-pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, Qcow2Error> {
+pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, OpenError> {
     let backing = match (&cfg.backing, cfg.backing_format) {
         (Some(name), Some(format)) => {
             // Recorded as given: a relative name is relative to the overlay's directory.
@@ -224,7 +225,8 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
                 return Err(Qcow2Error::MissingBacking {
                     image: path.display().to_string(),
                     backing: resolved.display().to_string(),
-                });
+                }
+                .into());
             }
             Some((name.display().to_string(), format, resolved))
         }
@@ -233,7 +235,7 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
     let size = match (size, &backing) {
         (Some(s), _) => s,
         (None, Some((_, format, resolved))) => virtual_size(resolved, *format)?,
-        (None, None) => return Err(Qcow2Error::SizeNeeded(path.display().to_string())),
+        (None, None) => return Err(Qcow2Error::SizeNeeded(path.display().to_string()).into()),
     };
     let file = OpenOptions::new()
         .read(true)
@@ -256,7 +258,7 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
 
 /// Refuses `backing=` on an image that exists with another backing file (or none): mqblk
 /// creates overlays, it does not rebase them.
-pub fn check_backing(path: &Path, cfg: &Qcow2Config) -> Result<(), Qcow2Error> {
+pub fn check_backing(path: &Path, cfg: &Qcow2Config) -> Result<(), OpenError> {
     let Some(wanted) = &cfg.backing else {
         return Ok(());
     };
@@ -266,7 +268,8 @@ pub fn check_backing(path: &Path, cfg: &Qcow2Config) -> Result<(), Qcow2Error> {
             image: path.display().to_string(),
             given: wanted.display().to_string(),
             recorded: recorded.unwrap_or_else(|| "none".into()),
-        });
+        }
+        .into());
     }
     Ok(())
 }

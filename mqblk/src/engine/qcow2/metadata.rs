@@ -145,7 +145,7 @@ fn serve(image: &Image, jobs: &Mutex<Receiver<Job>>) {
             }
         }
         for (job, done) in &mut batch {
-            *done = perform(image, &job.work);
+            *done = perform(image, &mut job.work);
         }
         // Once for the batch: what the jobs changed reaches the image file (and stable storage,
         // for a write-through write) before any of them completes.
@@ -213,7 +213,7 @@ struct Done {
 }
 
 /// Does one job's I/O and metadata work (in imago's caches).
-fn perform(image: &Image, work: &Work) -> Done {
+fn perform(image: &Image, work: &mut Work) -> Done {
     let failed = |e: io::Error| Done {
         result: errno(&e),
         ..Done::default()
@@ -288,12 +288,16 @@ fn perform(image: &Image, work: &Work) -> Done {
     }
 }
 
-/// The iovecs as byte slices, and their total length.
+/// The iovecs as byte slices, and their total length, for as long as `iovs` is borrowed.
+///
+/// The guest may change that memory while imago reads or writes it, as it may while the kernel
+/// does for a ring's readv or writev; imago's own bridge from vm-memory's volatile slices builds
+/// the same slices.
 ///
 /// # Safety
-/// `iovs` must describe valid, writable memory that nothing else accesses through Rust
-/// references while the slices live.
-unsafe fn slices(iovs: &IoVecs) -> (Vec<&'static mut [u8]>, usize) {
+/// `iovs` must describe valid, writable memory that stays mapped, and that no other Rust
+/// reference in this process covers, while the slices live.
+unsafe fn slices(iovs: &mut IoVecs) -> (Vec<&mut [u8]>, usize) {
     // SAFETY: the caller's contract.
     let vecs = unsafe { std::slice::from_raw_parts(iovs.ptr, iovs.count as usize) };
     let mut total = 0;

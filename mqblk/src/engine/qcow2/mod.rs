@@ -90,13 +90,13 @@ pub fn open(cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> {
         .path
         .as_deref()
         .expect("config checked: qcow2 has a path");
-    Ok(open_path(path, cfg)?)
+    open_path(path, cfg)
 }
 
-fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, Qcow2Error> {
+fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> {
     if !path.exists() {
         if cfg.readonly {
-            return Err(Qcow2Error::SizeNeeded(path.display().to_string()));
+            return Err(Qcow2Error::SizeNeeded(path.display().to_string()).into());
         }
         image::create(path, cfg.size, &cfg.qcow2)?;
     } else {
@@ -105,7 +105,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, Qcow2Error>
     let image = image::open(path, cfg.readonly, cfg.direct)?;
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
-        return Err(Qcow2Error::SizeMismatch {
+        return Err(OpenError::SizeMismatch {
             path: path.display().to_string(),
             given,
             actual: size,
@@ -122,7 +122,8 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, Qcow2Error>
             path: path.display().to_string(),
             cluster,
             block: block_size,
-        });
+        }
+        .into());
     }
     let engine = Qcow2Engine {
         shared: Arc::new(Shared {
@@ -156,9 +157,9 @@ impl Qcow2Engine {
         self.top().image.clone()
     }
 
-    fn start_workers(&self, image: &Arc<Image>, path: &Path) -> Result<Sender<Job>, Qcow2Error> {
+    fn start_workers(&self, image: &Arc<Image>, path: &Path) -> Result<Sender<Job>, OpenError> {
         metadata::start_workers(image, self.worker_count, &self.workers_name).map_err(|err| {
-            Qcow2Error::Io {
+            OpenError::Io {
                 what: "cannot start the metadata workers of",
                 path: path.display().to_string(),
                 err,
@@ -168,15 +169,15 @@ impl Qcow2Engine {
 
     /// The snapshot itself (see [`Engine::snapshot`]): the top made durable, a new overlay
     /// over it, the overlay opened and made the top.
-    fn take_snapshot(&self, overlay: &Path) -> Result<(), Qcow2Error> {
+    fn take_snapshot(&self, overlay: &Path) -> Result<(), OpenError> {
         let mut top = self.top();
         let old = top.image.clone();
         let io = |what: &'static str, path: &Path| {
             let path = path.display().to_string();
-            move |err: io::Error| Qcow2Error::Io { what, path, err }
+            move |err: io::Error| OpenError::Io { what, path, err }
         };
         if overlay.exists() {
-            return Err(Qcow2Error::SnapshotExists(overlay.display().to_string()));
+            return Err(Qcow2Error::SnapshotExists(overlay.display().to_string()).into());
         }
         rustix::fs::fdatasync(&old.file)
             .map_err(io::Error::from)

@@ -76,25 +76,12 @@ pub enum Qcow2Error {
         /// What the header records.
         recorded: String,
     },
-    /// size= disagrees with the image.
-    #[error("size={given} but {path} is {actual} bytes: drop size= or give the image's size")]
-    SizeMismatch {
-        /// The image.
-        path: String,
-        /// size= value.
-        given: u64,
-        /// The image's virtual size.
-        actual: u64,
-    },
     /// A snapshot's overlay path is taken.
     #[error("{0} exists: a snapshot creates a new overlay, give a path that does not exist")]
     SnapshotExists(String),
     /// A new image needs a size.
     #[error("image {0} does not exist: pass size=BYTES (or backing=) to have mqblk create it")]
     SizeNeeded(String),
-    /// O_DIRECT refused.
-    #[error("the filesystem holding {0} refuses O_DIRECT: pass direct=off for this export")]
-    DirectRefused(String),
     /// Clusters smaller than the storage's O_DIRECT block.
     #[error("{path} has {cluster}-byte clusters, below the {block}-byte blocks O_DIRECT needs there: pass direct=off")]
     ClusterBelowBlock {
