@@ -725,3 +725,53 @@ fn a_readonly_overlay_is_read_and_never_written() {
         "the base changed"
     );
 }
+
+/// Under the sandbox, a snapshot's overlay must go where `--allow-dir` lets mqblk create files:
+/// elsewhere `export_snapshot` is refused with the rule named, nothing is created, and the
+/// export goes on serving its image.
+#[test]
+fn a_snapshot_outside_the_allowed_directories_is_refused_by_name() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    qemu_img_ok(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        &img.display().to_string(),
+        "16M",
+    ]);
+    let sock = dir.join("s.sock");
+    let api_sock = dir.join("api.sock");
+    let export = Export::file(&sock, &img)
+        .set("format", "qcow2")
+        .set("id", "vm");
+    // No --allow-dir: the sandbox grants the image file itself, not its directory.
+    let mut d = Daemon::start_args(
+        &dir,
+        &[export],
+        &["--api-socket", api_sock.to_str().unwrap()],
+    );
+    let mut api = support::api::Api::connect(&api_sock);
+    let overlay = dir.join("after.qcow2");
+    let e = api
+        .call(
+            "export_snapshot",
+            serde_json::json!({"id": "vm", "overlay": overlay.display().to_string()}),
+        )
+        .unwrap_err();
+    assert!(
+        e.1.contains("outside what the sandbox lets mqblk reach") && e.1.contains("--allow-dir"),
+        "{e:?}"
+    );
+    assert!(
+        !overlay.exists(),
+        "the refused snapshot created its overlay"
+    );
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.write(0, 0, &[7u8; 4096]).unwrap();
+    assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![7u8; 4096]);
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+}

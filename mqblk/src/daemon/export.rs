@@ -147,6 +147,11 @@ impl Export {
     pub fn snapshot(&self, overlay: &Path) -> Result<ExportStatus, Error> {
         let _one_at_a_time = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let id = self.device.config().id.clone();
+        // The overlay is a new image in its directory: under the sandbox, one that
+        // `--allow-dir` names (refused here by name, not by the kernel's EACCES).
+        let mut with_overlay = self.config();
+        with_overlay.path = Some(overlay.to_path_buf());
+        crate::sandbox::check_export(&with_overlay)?;
         let session = self.session();
         let engine = self.device.engine();
         match session {
