@@ -10,9 +10,13 @@
 //! (allocation, its L2 and refcount caches); several workers keep backing reads and
 //! independent allocations going in parallel.
 //!
-//! Ordering on flush is QEMU's: data written into newly allocated clusters is synced before
-//! imago writes back the L2 tables that point at it (its caches write refcounts before L2
-//! tables), then everything is synced.
+//! Metadata a job changed is written to the image file (not synced) before the job completes,
+//! after the job's data: mqblk may crash while the guest lives on, so what it acknowledged must
+//! be in the kernel's hands, metadata included (imago writes refcount blocks before the L2
+//! tables that use them). A guest flush syncs data written into new clusters first, then
+//! writes back whatever imago still holds and syncs everything. Between two flushes a power
+//! loss may leave an L2 entry on disk whose data is not: the cluster then reads as what the
+//! file held there, which only an unflushed write can meet.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
