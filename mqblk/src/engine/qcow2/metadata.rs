@@ -222,6 +222,16 @@ fn perform(image: &Image, work: &mut Work) -> Done {
         result: errno(&e),
         ..Done::default()
     };
+    if let Work::Read { iovs, .. } | Work::Write { iovs, .. } = work {
+        // A completion reports its bytes as an i32: a larger request (a guest can build one
+        // from segments that repeat its memory) fails before it moves anything, as the
+        // kernel would cut it short on a ring.
+        // SAFETY: the iovecs are valid until the reply (`IoVecs`).
+        let vecs = unsafe { std::slice::from_raw_parts(iovs.ptr, iovs.count as usize) };
+        if vecs.iter().map(|v| v.iov_len as u64).sum::<u64>() > i32::MAX as u64 {
+            return failed(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+    }
     match work {
         Work::Read { offset, iovs } => {
             // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
