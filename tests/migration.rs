@@ -171,16 +171,22 @@ fn without_dirty_logging_the_check_fails() {
     let mut run = Run::start("mqblk-migration-nolog.", true, Disk::Raw);
     match run.migrate(1, Kills::None) {
         Err(e) if e.contains("holds stale pages") => {
-            // Every chunk of the cache partition was re-read during the hold, so without
-            // logging every one of them must arrive stale: the guest's "bad=N" and its
-            // "bad-chunk" lines (quoted in the error) must both count all of them.
+            // Every chunk of the cache partition was re-read during the hold, into pages the
+            // first pass had sent, so without logging they arrive stale: the guest's "bad=N"
+            // and its "bad-chunk" lines (quoted in the error) must agree and count at least
+            // three quarters of the chunks. Not all: the guest's allocator hands the re-read
+            // the pages drop_caches freed last, and a few of those can still be waiting in
+            // the second pass's set (the guest dirtied them during the first), so they are
+            // sent after the re-read filled them and arrive fresh by luck. CI saw 15 of 16
+            // once (seed 199648214); a backend that logs gives 0.
             let chunks = CACHE_MB / CHUNK_MB;
             let bad = word_value(&e, "bad");
             let listed = e.matches("\"bad-chunk ").count() as u64;
-            if bad != Some(chunks) || listed != chunks {
+            if bad != Some(listed) || listed * 4 < chunks * 3 {
                 run.fail(&[format!(
-                    "without dirty logging the check must find all {chunks} chunks stale; \
-                     it reported bad={bad:?} and listed {listed} bad chunks: {e}"
+                    "without dirty logging the check must find at least three quarters of \
+                     the {chunks} chunks stale; it reported bad={bad:?} and listed {listed} \
+                     bad chunks: {e}"
                 )]);
             }
             eprintln!("without dirty logging the test fails as it must: {e}");
