@@ -39,6 +39,9 @@ pub struct Tuning {
     /// Submit a batch's first I/Os before the rest is parsed while the device holds fewer
     /// (`io::policy::submit`), instead of the whole batch with one syscall.
     pub submit_early: bool,
+    /// Notify the guest at a batch's first used entry while the I/O thread has its CPU to
+    /// itself (`io::policy::notify`), instead of only after the last.
+    pub notify_early: bool,
 }
 
 impl Default for Tuning {
@@ -54,6 +57,7 @@ impl Default for Tuning {
             sqpoll_idle_ms: 0,
             coop_taskrun: true,
             submit_early: true,
+            notify_early: true,
         }
     }
 }

@@ -192,6 +192,12 @@ impl IoThread {
                 tracing::warn!(queue = q.index, err = %e, dropped_logs = d, "cannot add used entry");
             }
         }
+        if self.early_notify.active(self.batch.mean()) {
+            if let (Some(used), Some(call)) = (q.take_early_notification(mem), q.call.as_ref()) {
+                self.counters.count_notification(used);
+                self.ring.notify_now(call, &mut self.counters);
+            }
+        }
     }
 }
 

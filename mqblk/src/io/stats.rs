@@ -146,6 +146,9 @@ counters! {
     submitted,
     /// Notifications sent to the guest (used-buffer interrupts).
     notifies,
+    /// Of those, the ones sent at a round's first used entry (`io::policy::notify`), each a
+    /// write(2) of its own rather than an io_uring entry.
+    early_notifies,
     /// Bytes read or written.
     bytes,
     /// Requests folded into another request's host I/O.

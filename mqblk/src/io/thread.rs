@@ -15,7 +15,7 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::migration::DirtyTracking;
-use super::policy::{BatchPolicy, PollPolicy, Shape};
+use super::policy::{self, BatchPolicy, EarlyNotify, PollPolicy, Shape};
 use super::qos::Throttle;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
@@ -73,6 +73,8 @@ pub(super) struct IoThread {
     pub(super) tuning: Tuning,
     pub(super) batch: BatchPolicy,
     poll: PollPolicy,
+    /// Whether to notify at a round's first used entry (`policy::notify`).
+    pub(super) early_notify: EarlyNotify,
     /// Requests started on the engine and not yet completed.
     pub(super) engine_in_flight: u64,
     /// What `now_ns` counts from.
@@ -149,6 +151,7 @@ impl IoThread {
             log: LogLimiter::new(),
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
+            early_notify: EarlyNotify::new(cfg.tuning.notify_early),
             tuning: cfg.tuning,
             engine_in_flight: 0,
             epoch: Instant::now(),
@@ -176,6 +179,10 @@ impl IoThread {
     pub(super) fn run(&mut self) -> std::io::Result<()> {
         loop {
             self.tick();
+            if self.early_notify.check_due(self.now_ns) {
+                self.early_notify
+                    .on_epoch(self.now_ns, policy::notify::involuntary_switches());
+            }
             self.reap();
             if self.admission_due {
                 self.admit_waiting();

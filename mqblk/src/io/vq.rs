@@ -65,6 +65,9 @@ pub struct Vq {
     snapshot: u16,
     /// Used entries published since the guest was last notified.
     used_since_notify: u32,
+    /// This round (an iteration of the I/O thread's loop) already decided whether to notify
+    /// early (`take_early_notification`).
+    early_decided: bool,
 }
 
 impl Vq {
@@ -93,6 +96,7 @@ impl Vq {
             waiting: VecDeque::with_capacity(room),
             snapshot: 0,
             used_since_notify: 0,
+            early_decided: false,
         }
     }
 
@@ -233,7 +237,23 @@ impl Vq {
     /// decision (EVENT_IDX's used_event, or the NO_INTERRUPT flag without it); if so, how many
     /// used entries it publishes. A ring that cannot be read gets one: a spurious interrupt is
     /// harmless, a lost one hangs the guest.
+    /// Called by the I/O thread once per round, after it answered what it could.
     pub fn take_notification(&mut self, mem: &GuestMemory) -> Option<u32> {
+        self.early_decided = false;
+        self.decide_notification(mem)
+    }
+
+    /// The notification decision at this round's first used entry, for a queue with
+    /// EVENT_IDX (`io::policy::notify`); None at every later entry of the round. Without
+    /// EVENT_IDX, a notification now would be followed by another after the round.
+    pub fn take_early_notification(&mut self, mem: &GuestMemory) -> Option<u32> {
+        if std::mem::replace(&mut self.early_decided, true) || !self.queue.event_idx_enabled() {
+            return None;
+        }
+        self.decide_notification(mem)
+    }
+
+    fn decide_notification(&mut self, mem: &GuestMemory) -> Option<u32> {
         if !std::mem::take(&mut self.used_added) {
             return None;
         }
@@ -347,5 +367,60 @@ mod tests {
             "already told; used_event not moved"
         );
         assert_eq!(vq.take_notification(&mem), None, "no new used entry");
+    }
+
+    /// Pops `n` chains and returns their heads.
+    fn pop_all(mem: &GuestMemory, vq: &mut Vq) -> Vec<u16> {
+        vq.begin_pop(mem).unwrap();
+        let mut heads = Vec::new();
+        while let Pop::Chain(c) = vq.pop(mem, 16) {
+            heads.push(c.head_index());
+        }
+        heads
+    }
+
+    #[test]
+    fn an_early_notification_at_a_rounds_first_entry_replaces_the_one_after_its_last() {
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+        let (mock, mut vq) = setup(&mem, true);
+        chains(&mock, 4);
+        let heads = pop_all(&mem, &mut vq);
+        // used_event 0: the guest sleeps until the first entry is used.
+        vq.add_used(&mem, heads[0], 0, 16).unwrap();
+        assert_eq!(
+            vq.take_early_notification(&mem),
+            Some(1),
+            "the round's first entry"
+        );
+        vq.add_used(&mem, heads[1], 0, 16).unwrap();
+        assert_eq!(vq.take_early_notification(&mem), None, "once per round");
+        vq.add_used(&mem, heads[2], 0, 16).unwrap();
+        assert_eq!(
+            vq.take_notification(&mem),
+            None,
+            "the guest has not re-armed used_event: the round's end sends nothing more"
+        );
+        // The guest woke, took 3 entries and sleeps until the next one (used_event 3).
+        let used_event = mock.avail_addr().unchecked_add(4 + 2 * 16);
+        vm_memory::Bytes::write_obj(&mem, 3u16, used_event).unwrap();
+        vq.add_used(&mem, heads[3], 0, 16).unwrap();
+        assert_eq!(
+            vq.take_early_notification(&mem),
+            Some(3),
+            "a new round decides afresh; the notification counts every entry since the last"
+        );
+    }
+
+    #[test]
+    fn no_early_notification_without_event_idx() {
+        // Without EVENT_IDX the guest would get a second notification after the round.
+        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+        let (mock, mut vq) = setup(&mem, false);
+        chains(&mock, 2);
+        let heads = pop_all(&mem, &mut vq);
+        vq.add_used(&mem, heads[0], 0, 16).unwrap();
+        assert_eq!(vq.take_early_notification(&mem), None);
+        vq.add_used(&mem, heads[1], 0, 16).unwrap();
+        assert_eq!(vq.take_notification(&mem), Some(2));
     }
 }

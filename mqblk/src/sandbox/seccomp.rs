@@ -61,6 +61,8 @@ pub const IO_THREAD: &[i64] = &[
     libc::SYS_clock_gettime,
     libc::SYS_clock_nanosleep,
     libc::SYS_nanosleep,
+    // Its own involuntary context switches, every 10 ms (io/policy/notify.rs).
+    libc::SYS_getrusage,
     // Descriptors it holds: eventfds, logging, closing.
     libc::SYS_read,
     libc::SYS_write,

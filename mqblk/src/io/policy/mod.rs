@@ -3,9 +3,11 @@
 
 pub mod batch;
 pub mod merge;
+pub mod notify;
 pub mod poll;
 pub mod submit;
 
 pub use batch::BatchPolicy;
 pub use merge::Shape;
+pub use notify::EarlyNotify;
 pub use poll::PollPolicy;
