@@ -494,7 +494,7 @@ const GENERAL: &[Key] = &[
     on_off_key!(
         "notify-early",
         tuning.notify_early,
-        "notify the guest at a batch's first completion, so that its wake-up overlaps the rest of the batch, while the I/O thread has its CPU to itself (no more than 2 involuntary context switches in the last 10 ms); with EVENT_IDX only (default on; off: once, after the batch)",
+        "notify the guest at a batch's first completion, so that its wake-up overlaps the rest of the batch, while the I/O thread has its CPU to itself (no more than 50 involuntary context switches in the last 10 ms); with EVENT_IDX only (default on; off: once, after the batch)",
     ),
 ];
 
