@@ -3,11 +3,13 @@
 
 use std::fmt::Write as _;
 
+use crate::grid::Backend;
 use crate::ratio::Ratio;
 use crate::report::{BenchResults, PointResult, MARKDOWN};
 use crate::sample::Sample;
 use crate::summary::{Metric, Summary, METRICS};
 use crate::{EngineKind, ImageFormat};
+use mqblk_client::Driver;
 
 impl BenchResults {
     /// The markdown report.
@@ -46,11 +48,12 @@ impl BenchResults {
         };
         let _ = writeln!(
             s,
-            "- engine: {}{format}, disk {} MiB, {:.1} s per point, {} repeats interleaved (odd repeats in reverse order); client: built-in libblkio virtio-blk-vhost-user, {} queues",
+            "- engine: {}{format}, disk {} MiB, {:.1} s per point, {} repeats interleaved (odd repeats in reverse order); client: {}, {} queues",
             o.engine.name(),
             self.disk_size >> 20,
             o.runtime.as_secs_f64(),
             o.repeat,
+            client_names(&o.clients, o.backends.contains(&Backend::Spdk)),
             if o.client_poll { "poll" } else { "interrupt-driven" }
         );
         let image = match o.format {
@@ -83,7 +86,7 @@ impl BenchResults {
              *in flight* (the mean number of requests at the engine while the client ran, against \
              jobs × iodepth: how full the device was kept), req/submit (requests per \
              io_uring_enter that carried I/O), merges/I/O, notif/I/O and syscalls/I/O (the I/O \
-             threads' io_uring_enter calls of any kind) are mqblk's own counters. *others' CPU* is the CPU \
+             threads' io_uring_enter calls of any kind and the write(2) of each early notification) are mqblk's own counters. *others' CPU* is the CPU \
              that other processes used meanwhile (from /proc/stat, in % of all CPUs): where it is \
              high, the point was disturbed.\n"
         );
@@ -234,6 +237,20 @@ fn row(cells: impl IntoIterator<Item = String>) -> String {
     let mut s = "|".to_string();
     for c in cells {
         let _ = write!(s, " {c} |");
+    }
+    s
+}
+
+/// What drove the backends, for the report's header: the `--client` list, and SPDK's own
+/// (always the frontend, which libblkio cannot replace there).
+fn client_names(clients: &[Driver], spdk: bool) -> String {
+    let name = |d: &Driver| match d {
+        Driver::Libblkio => "libblkio's virtio-blk-vhost-user driver",
+        Driver::Frontend => "mqblk's own frontend (SET_MEM_TABLE)",
+    };
+    let mut s = clients.iter().map(name).collect::<Vec<_>>().join(" and ");
+    if spdk && !clients.contains(&Driver::Frontend) {
+        s.push_str("; SPDK by mqblk's own frontend (libblkio refuses it)");
     }
     s
 }
