@@ -368,6 +368,12 @@ impl Collector for Snapshot {
         )?;
         counter(
             enc,
+            "mqblk_thread_early_notifications_total",
+            help.early_notifies,
+            self.per_thread(|c| c.early_notifies),
+        )?;
+        counter(
+            enc,
             "mqblk_thread_kicks_total",
             help.kicks,
             self.per_thread(|c| c.kicks),
