@@ -299,7 +299,10 @@ fn metrics_match_the_clients_own_counts_and_pass_promtool() {
         // whether the thread had its CPU to itself, but never more than all of them.
         let early = s.thread("mqblk_thread_early_notifications_total", "disk", q);
         let all = s.thread("mqblk_thread_notifications_total", "disk", q);
-        assert!(early <= all, "thread {q}: {early} early of {all} notifications");
+        assert!(
+            early <= all,
+            "thread {q}: {early} early of {all} notifications"
+        );
     }
 
     // A second connection is a reconnect; after it leaves, nobody is connected.
