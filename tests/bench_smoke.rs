@@ -2,17 +2,35 @@
 //! with the built-in client, stops it, and writes results.json, report.md and iops.png.
 mod support;
 
+use std::path::Path;
 use std::process::Command;
 
 use support::daemon::{mqblk_bin, TestDir};
+
+/// Runs `mqblk bench ARGS --out OUT`, which must succeed; returns what it printed.
+fn bench_ok(args: &[&str], out: &Path) -> String {
+    let o = Command::new(mqblk_bin())
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "bench failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
 
 #[test]
 fn bench_runs_a_tiny_null_configuration_end_to_end() {
     let dir = TestDir::new();
     let out = dir.path().join("out");
-    let o = Command::new(mqblk_bin())
-        .args([
-            "bench",
+    let stdout = bench_ok(
+        &[
             "--backend",
             "mqblk",
             "--engine",
@@ -31,16 +49,8 @@ fn bench_runs_a_tiny_null_configuration_end_to_end() {
             "1",
             "--size",
             "64M",
-            "--out",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success(),
-        "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        ],
+        &out,
     );
     assert!(stdout.contains("mqblk per-queue"), "{stdout}");
 
@@ -105,9 +115,8 @@ fn bench_rejects_bad_arguments_before_running_anything() {
 fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
     let dir = TestDir::new();
     let out = dir.path().join("out");
-    let o = Command::new(mqblk_bin())
-        .args([
-            "bench",
+    bench_ok(
+        &[
             "--backend",
             "mqblk",
             "--engine",
@@ -131,16 +140,8 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
             "--mqblk-opts=",
             "--mqblk-opts",
             "format=raw",
-            "--out",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success(),
-        "bench failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        ],
+        &out,
     );
     let text = std::fs::read_to_string(out.join("results.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -510,20 +510,24 @@ impl Pattern {
     }
 }
 
-/// The qcow2 overlay's base image: zeros where the guest leaves zeros, and where it writes, the
-/// pattern of another seed (old data, which must not show through).
-fn base_image(seed: u64) -> Vec<u8> {
-    let old = Pattern::new(seed % (PARK_MILLER_M - 2) + 1);
+/// The disk as the layout has it: `pattern` in its pattern extents, zeros elsewhere.
+fn patterned_image(pattern: &Pattern) -> Vec<u8> {
     let mut image = vec![0u8; IMAGE_SECTORS as usize * SECTOR];
     for (_, start, count, content) in layout(IMAGE_SECTORS) {
         if content == Content::Pattern {
             for lba in start..start + count {
                 let at = lba as usize * SECTOR;
-                image[at..at + SECTOR].copy_from_slice(&old.sector(lba));
+                image[at..at + SECTOR].copy_from_slice(&pattern.sector(lba));
             }
         }
     }
     image
+}
+
+/// The qcow2 overlay's base image: zeros where the guest leaves zeros, and where it writes, the
+/// pattern of another seed (old data, which must not show through).
+fn base_image(seed: u64) -> Vec<u8> {
+    patterned_image(&Pattern::new(seed % (PARK_MILLER_M - 2) + 1))
 }
 
 /// `qemu-img check` of the qcow2 image: it must find it clean (exit 0: no corruption, no
@@ -640,16 +644,7 @@ fn image_check_detects_misplaced_and_corrupt_data() {
     let dir = tempfile::tempdir().expect("create a temporary directory");
     let path = dir.path().join("disk.img");
     let seed = 4242;
-    let pattern = Pattern::new(seed);
-    let mut image = vec![0u8; IMAGE_SECTORS as usize * SECTOR];
-    for (_, start, count, content) in layout(IMAGE_SECTORS) {
-        if content == Content::Pattern {
-            for lba in start..start + count {
-                let at = lba as usize * SECTOR;
-                image[at..at + SECTOR].copy_from_slice(&pattern.sector(lba));
-            }
-        }
-    }
+    let mut image = patterned_image(&Pattern::new(seed));
     fs::write(&path, &image).expect("write the image");
     assert_eq!(check_image(&path, seed), Vec::<String>::new());
     assert_eq!(

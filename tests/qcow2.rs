@@ -5,12 +5,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use mqblk_client::{Client, Pattern};
 use support::daemon::*;
-use support::qemu_img::{assert_checks_clean, qemu_img_ok, read_through_qemu};
+use support::qemu_img::{assert_checks_clean, qemu_img_ok, qemu_io_ok, read_through_qemu};
 
 const SIZE: u64 = 32 << 20;
 const CLUSTER: u64 = 64 << 10;
@@ -152,16 +151,10 @@ fn discard_and_write_zeroes_read_back_zeroes() {
         expected[off as usize..(off + len) as usize].fill(0);
     }
     for &(off, len, _) in &ranges {
-        let out = Command::new("qemu-io")
-            .args(["-f", "qcow2", "-c", &format!("read -P 0 {off} {len}")])
-            .arg(&overlay)
-            .output()
-            .expect("qemu-io");
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = qemu_io_ok(&overlay, &format!("read -P 0 {off} {len}"));
         assert!(
-            out.status.success() && !text.contains("Pattern verification failed"),
-            "qemu-io read -P 0 {off} {len}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
+            !text.contains("Pattern verification failed"),
+            "qemu-io read -P 0 {off} {len}: {text}"
         );
     }
     assert_bytes_eq(
@@ -677,21 +670,7 @@ fn a_readonly_overlay_is_read_and_never_written() {
         &overlay.display().to_string(),
     ]);
     // One cluster of the overlay's own.
-    let out = Command::new("qemu-io")
-        .args([
-            "-f",
-            "qcow2",
-            "-c",
-            &format!("write -P 0x5a {CLUSTER} {CLUSTER}"),
-        ])
-        .arg(&overlay)
-        .output()
-        .expect("qemu-io");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    qemu_io_ok(&overlay, &format!("write -P 0x5a {CLUSTER} {CLUSTER}"));
     let (overlay_before, base_before) = (
         std::fs::read(&overlay).unwrap(),
         std::fs::read(&base).unwrap(),

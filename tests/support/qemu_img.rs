@@ -56,3 +56,24 @@ pub fn read_through_qemu(image: &Path, scratch: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(scratch);
     bytes
 }
+
+/// Runs `qemu-io -f qcow2 -c COMMAND image`, which must exit 0: its output (stdout, then
+/// stderr). `qemu-io` reports a failed `-P` pattern check in its output, not in its exit code.
+pub fn qemu_io_ok(image: &Path, command: &str) -> String {
+    let out = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", command])
+        .arg(image)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run qemu-io: {e}; {SETUP_HINT}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "qemu-io -c {command:?} {}: {text}",
+        image.display()
+    );
+    text
+}

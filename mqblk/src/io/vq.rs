@@ -337,17 +337,11 @@ mod tests {
         let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
         let (mock, mut vq) = setup(&mem, true);
         chains(&mock, 4);
-        vq.begin_pop(&mem).unwrap();
-        let mut heads = Vec::new();
-        while let Pop::Chain(c) = vq.pop(&mem, 16) {
-            heads.push(c.head_index());
-        }
+        let heads = pop_all(&mem, &mut vq);
         assert_eq!(heads.len(), 4);
         assert_eq!(vq.take_notification(&mem), None, "nothing used yet");
-        // The guest asks to be told once the used index passes 1: used_event, the u16 after
-        // the avail ring's 16 entries, is 1.
-        let used_event = mock.avail_addr().unchecked_add(4 + 2 * 16);
-        vm_memory::Bytes::write_obj(&mem, 1u16, used_event).unwrap();
+        // The guest asks to be told once the used index passes 1.
+        set_used_event(&mock, &mem, 1);
         vq.add_used(&mem, heads[0], 0, 16).unwrap();
         assert_eq!(
             vq.take_notification(&mem),
@@ -369,7 +363,14 @@ mod tests {
         assert_eq!(vq.take_notification(&mem), None, "no new used entry");
     }
 
-    /// Pops `n` chains and returns their heads.
+    /// The guest's used_event (the u16 after the avail ring's 16 entries): notify once the used
+    /// index passes `idx`.
+    fn set_used_event(mock: &MockSplitQueue<'_, GuestMemory>, mem: &GuestMemory, idx: u16) {
+        let at = mock.avail_addr().unchecked_add(4 + 2 * 16);
+        vm_memory::Bytes::write_obj(mem, idx, at).unwrap();
+    }
+
+    /// Pops every chain the avail ring holds and returns their heads.
     fn pop_all(mem: &GuestMemory, vq: &mut Vq) -> Vec<u16> {
         vq.begin_pop(mem).unwrap();
         let mut heads = Vec::new();
@@ -400,9 +401,8 @@ mod tests {
             None,
             "the guest has not re-armed used_event: the round's end sends nothing more"
         );
-        // The guest woke, took 3 entries and sleeps until the next one (used_event 3).
-        let used_event = mock.avail_addr().unchecked_add(4 + 2 * 16);
-        vm_memory::Bytes::write_obj(&mem, 3u16, used_event).unwrap();
+        // The guest woke, took 3 entries and sleeps until the next one.
+        set_used_event(&mock, &mem, 3);
         vq.add_used(&mem, heads[3], 0, 16).unwrap();
         assert_eq!(
             vq.take_early_notification(&mem),
