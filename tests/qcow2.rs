@@ -58,7 +58,9 @@ fn overlay_export(sock: &Path, overlay: &Path, base: &Path, format: &str) -> Exp
 /// An overlay mqblk creates over a raw and over a qcow2 base: a verified
 /// workload through the libblkio client (4 KiB writes into 64 KiB clusters: copy-on-write from
 /// the base around each), then QEMU reads exactly the base patched with what was written,
-/// `qemu-img check` is clean, and the base image is unchanged.
+/// `qemu-img check` is clean, and the base image is unchanged. The workload writes in order at
+/// iodepth 16, so a cluster's 16 writes are in flight together: the copy-on-write's cluster
+/// locks must order them (without them, 40 blocks came back stale).
 #[test]
 fn overlays_over_raw_and_qcow2_bases_read_back_through_qemu() {
     for format in ["raw", "qcow2"] {

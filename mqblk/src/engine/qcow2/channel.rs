@@ -1,24 +1,23 @@
 //! One I/O thread's way to a qcow2 export: its ring for what its mapping cache holds, the
-//! metadata workers for the rest.
+//! metadata worker for the rest.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use super::image::Image;
 use super::mapping::{MappingCache, Target};
-use super::metadata::{self, IoVecs, Job, Replies, Reply, Work};
+use super::metadata::{self, IoVecs, Job, Jobs, Replies, Reply, Work};
 use super::Shared;
 use crate::engine::{self, Channel, Op, Started};
 
-/// A thread's mapping cache, its line to the workers and its reply queue.
+/// A thread's mapping cache, its line to the metadata worker and its reply queue.
 pub struct Qcow2Channel {
     pub(super) shared: Arc<Shared>,
     /// The generation of the top it uses.
     pub(super) generation: u64,
     pub(super) image: Arc<Image>,
-    pub(super) jobs: Sender<Job>,
+    pub(super) jobs: Jobs,
     pub(super) replies: Arc<Replies>,
     pub(super) cache: MappingCache,
     /// The image's epoch the cache is true for.
@@ -59,7 +58,7 @@ impl Qcow2Channel {
         self.cache.clear();
     }
 
-    fn to_workers(&self, work: Work, token: u64) -> Started {
+    fn to_worker(&self, work: Work, token: u64) -> Started {
         let job = Job {
             work,
             token,
@@ -67,7 +66,7 @@ impl Qcow2Channel {
         };
         match self.jobs.send(job) {
             Ok(()) => Started::Pending,
-            // The workers are gone only while the export shuts down.
+            // The worker is gone only while the export shuts down.
             Err(_) => Started::Done(-libc::EIO),
         }
     }
@@ -123,10 +122,10 @@ impl Channel for Qcow2Channel {
                     Op::Write { sync, .. } => Work::Write { offset, iovs, sync },
                     _ => Work::Read { offset, iovs },
                 };
-                self.to_workers(work, token)
+                self.to_worker(work, token)
             }
-            Op::Flush => self.to_workers(Work::Flush, token),
-            Op::Discard { offset, len } => self.to_workers(
+            Op::Flush => self.to_worker(Work::Flush, token),
+            Op::Discard { offset, len } => self.to_worker(
                 Work::Zero {
                     offset,
                     len,
@@ -135,7 +134,7 @@ impl Channel for Qcow2Channel {
                 token,
             ),
             Op::WriteZeroes { offset, len, unmap } => {
-                self.to_workers(Work::Zero { offset, len, unmap }, token)
+                self.to_worker(Work::Zero { offset, len, unmap }, token)
             }
         }
     }

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use futures::executor::block_on;
 use imago::file::File as ImagoFile;
 use imago::qcow2::Qcow2;
 use imago::raw::Raw;
@@ -26,8 +27,11 @@ use crate::engine::OpenError;
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
+use super::cow::ClusterLocks;
+use super::storage::RingFile;
+
 /// A qcow2 image through imago, as a library caller sees it.
-pub type Access = FormatAccess<ImagoFile>;
+pub type Access = FormatAccess<RingFile>;
 
 /// One range whose cached mappings were made stale, and the epoch that made them so.
 #[derive(Debug, Clone, Copy)]
@@ -63,9 +67,15 @@ pub struct Image {
     /// Jobs whose metadata changes (in imago's caches) are done, counted as each finishes.
     pub changed: AtomicU64,
     /// The count of `changed` the last write-back of the metadata began after: every job
-    /// counted up to it has its metadata in the image file. Held through a write-back, so
-    /// that jobs finishing meanwhile are written back together by the next holder.
-    pub written_back: Mutex<u64>,
+    /// counted up to it has its metadata in the image file. Held through a write-back (an
+    /// asynchronous lock: a worker's other jobs go on meanwhile), so that jobs finishing
+    /// meanwhile are written back together by the next holder.
+    pub written_back: futures::lock::Mutex<u64>,
+    /// Guest clusters a metadata-path write is working on ([`cow`](super::cow)).
+    pub cow_locks: ClusterLocks,
+    /// Held shared by every metadata-path write, exclusively by zeroing: a write that read a
+    /// cluster's rest before a zeroing must not write it back after.
+    pub zeroing: tokio::sync::RwLock<()>,
     /// Metadata-path writes under way (each may be allocating clusters).
     pub writes_in_progress: AtomicU64,
     /// Metadata-path writes finished: bumped after imago returns, so that the mappings a
@@ -134,6 +144,16 @@ fn imago_file(
     ImagoFile::from_open_file(file, opts).map_err(io_err("cannot use", path))
 }
 
+/// `file` as imago's storage, for the metadata worker's ring.
+fn ring_file(
+    file: std::fs::File,
+    path: &Path,
+    writable: bool,
+    direct: bool,
+) -> Result<RingFile, OpenError> {
+    RingFile::new(file, path, writable, direct).map_err(io_err("cannot use", path))
+}
+
 /// Opens one read-only layer of a backing chain over `below`; returns it and a descriptor of
 /// its file for the I/O threads' rings.
 fn open_backing(
@@ -142,25 +162,27 @@ fn open_backing(
     direct: bool,
 ) -> Result<(Access, std::fs::File), OpenError> {
     let opened = open_file(&layer.path, false, direct)?;
-    let ring_file = opened
+    let for_ring = opened
         .try_clone()
         .map_err(io_err("cannot duplicate", &layer.path))?;
-    let file = imago_file(opened, &layer.path, false, direct)?;
+    let file = ring_file(opened, &layer.path, false, direct)?;
     let gate = DenyImplicitOpenGate::default();
+    // On this (control) thread the storage's calls are blocking: `block_on` only drives them.
     let opened = match layer.format {
-        BackingFormat::Raw => Raw::builder(file)
-            .write(false)
-            .open(gate)
-            .map(FormatAccess::new),
-        BackingFormat::Qcow2 => Qcow2::builder(file)
-            .backing(below)
-            .data_file(None)
-            .write(false)
-            .open(gate)
-            .map(FormatAccess::new),
+        BackingFormat::Raw => {
+            block_on(Raw::builder(file).write(false).open(gate)).map(FormatAccess::new)
+        }
+        BackingFormat::Qcow2 => block_on(
+            Qcow2::builder(file)
+                .backing(below)
+                .data_file(None)
+                .write(false)
+                .open(gate),
+        )
+        .map(FormatAccess::new),
     };
     let access = opened.map_err(io_err("cannot open the backing image", &layer.path))?;
-    Ok((access, ring_file))
+    Ok((access, for_ring))
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain.
@@ -178,22 +200,26 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
     backing_files.reverse();
     let writable = !readonly;
     let file = open_file(path, writable, direct)?;
-    let ring_file = file.try_clone().map_err(io_err("cannot duplicate", path))?;
-    let qcow2 = Qcow2::builder(imago_file(file, path, writable, direct)?)
-        .backing(below)
-        .data_file(None)
-        .write(writable)
-        .open(DenyImplicitOpenGate::default())
-        .map_err(io_err("cannot open the qcow2 image", path))?;
+    let for_ring = file.try_clone().map_err(io_err("cannot duplicate", path))?;
+    let qcow2 = block_on(
+        Qcow2::builder(ring_file(file, path, writable, direct)?)
+            .backing(below)
+            .data_file(None)
+            .write(writable)
+            .open(DenyImplicitOpenGate::default()),
+    )
+    .map_err(io_err("cannot open the qcow2 image", path))?;
     Ok(Image {
         access: FormatAccess::new(qcow2),
-        file: ring_file,
+        file: for_ring,
         backing_files,
         cluster_bits: top.cluster_bits,
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
         changed: AtomicU64::new(0),
-        written_back: Mutex::new(0),
+        written_back: futures::lock::Mutex::new(0),
+        cow_locks: ClusterLocks::default(),
+        zeroing: tokio::sync::RwLock::new(()),
         writes_in_progress: AtomicU64::new(0),
         writes_done: AtomicU64::new(0),
         writes_durable: AtomicU64::new(0),
@@ -249,7 +275,7 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
     if let Some((name, format, _)) = backing {
         builder = builder.backing(name, format.name().to_string());
     }
-    if let Err(e) = builder.create() {
+    if let Err(e) = block_on(builder.create()) {
         let _ = std::fs::remove_file(path);
         return Err(io_err("cannot create", path)(e));
     }

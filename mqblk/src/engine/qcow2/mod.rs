@@ -8,9 +8,9 @@
 //! caches where guest clusters are ([`mapping`]): in which image of the chain at which file
 //! offset, or nowhere (zeros). A read of cached clusters becomes one entry on the thread's own
 //! ring at that file offset, as for a raw image (or is answered at once with zeros); a write,
-//! when its clusters are allocated in the top image. What the cache cannot serve goes to a few
-//! metadata workers per export ([`metadata`]), which do it through imago and answer with the
-//! mappings the thread may cache from then on.
+//! when its clusters are allocated in the top image. What the cache cannot serve goes to the
+//! image's metadata worker ([`metadata`]), which does it through imago, many requests at once
+//! on a ring of its own, and answers with the mappings the thread may cache from then on.
 //!
 //! The hazard of caching mappings is a mapping that changes while a thread still holds it:
 //! - A write on the metadata path may allocate a cluster that threads hold as "in a backing
@@ -26,16 +26,20 @@
 //!   new one, with an empty cache, before its next request.
 
 mod channel;
+mod cow;
+mod executor;
 mod image;
 mod mapping;
 mod metadata;
+mod storage;
+mod uring_io;
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
+use futures::executor::block_on;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::config::qcow2::{BackingFormat, Qcow2Config};
@@ -45,21 +49,15 @@ pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
 use image::Image;
 use mapping::MappingCache;
-use metadata::{Job, Replies};
+use metadata::{Jobs, Replies};
 
-/// How many metadata workers an export with `threads` I/O threads gets: enough that backing
-/// reads and allocations of different threads run side by side, few enough to stay rare.
-fn worker_count(threads: usize) -> usize {
-    threads.clamp(2, 8)
-}
-
-/// The image being written (the top of the chain) and the workers of its metadata path,
+/// The image being written (the top of the chain) and the worker of its metadata path,
 /// replaced as a whole by a snapshot.
 pub struct Top {
     /// The image.
     pub image: Arc<Image>,
-    /// Its metadata workers' queue (they end when every sender is gone).
-    pub jobs: Sender<Job>,
+    /// Its metadata worker's queue (it ends when every holder is gone).
+    pub jobs: Jobs,
     /// Where it is.
     pub path: PathBuf,
 }
@@ -79,9 +77,8 @@ pub struct Qcow2Engine {
     l2_cache_size: u64,
     writable: bool,
     direct: bool,
-    /// Names the metadata workers' threads.
-    workers_name: String,
-    worker_count: usize,
+    /// Names the metadata worker's thread.
+    worker_name: String,
 }
 
 /// Opens (or creates, with `size=` or `backing=`) the qcow2 image of `cfg`.
@@ -125,11 +122,14 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         }
         .into());
     }
-    let engine = Qcow2Engine {
+    let worker_name = format!("qcow2-{}", cfg.id);
+    let image = Arc::new(image);
+    let jobs = start_worker(&image, &worker_name, path)?;
+    Ok(Qcow2Engine {
         shared: Arc::new(Shared {
             top: Mutex::new(Top {
-                jobs: std::sync::mpsc::channel().0,
-                image: Arc::new(image),
+                jobs,
+                image,
                 path: path.to_path_buf(),
             }),
             generation: AtomicU64::new(0),
@@ -138,14 +138,17 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         l2_cache_size: cfg.qcow2.l2_cache_size,
         writable: !cfg.readonly,
         direct: cfg.direct,
-        workers_name: format!("qcow2-{}", cfg.id),
-        worker_count: worker_count(cfg.num_threads()),
-    };
-    {
-        let mut top = engine.top();
-        top.jobs = engine.start_workers(&top.image, path)?;
-    }
-    Ok(engine)
+        worker_name,
+    })
+}
+
+/// Starts the metadata worker of `image` (at `path`, for the error).
+fn start_worker(image: &Arc<Image>, name: &str, path: &Path) -> Result<Jobs, OpenError> {
+    metadata::start_worker(image, name).map_err(|err| OpenError::Io {
+        what: "cannot start the metadata worker of",
+        path: path.display().to_string(),
+        err,
+    })
 }
 
 impl Qcow2Engine {
@@ -155,16 +158,6 @@ impl Qcow2Engine {
 
     fn image(&self) -> Arc<Image> {
         self.top().image.clone()
-    }
-
-    fn start_workers(&self, image: &Arc<Image>, path: &Path) -> Result<Sender<Job>, OpenError> {
-        metadata::start_workers(image, self.worker_count, &self.workers_name).map_err(|err| {
-            OpenError::Io {
-                what: "cannot start the metadata workers of",
-                path: path.display().to_string(),
-                err,
-            }
-        })
     }
 
     /// The snapshot itself (see [`Engine::snapshot`]): the top made durable, a new overlay
@@ -179,11 +172,7 @@ impl Qcow2Engine {
         if overlay.exists() {
             return Err(Qcow2Error::SnapshotExists(overlay.display().to_string()).into());
         }
-        rustix::fs::fdatasync(&old.file)
-            .map_err(io::Error::from)
-            .and_then(|()| old.access.flush())
-            .and_then(|()| old.access.sync())
-            .map_err(io("cannot flush", &top.path))?;
+        write_back_all(&old).map_err(io("cannot flush", &top.path))?;
         let backing = top
             .path
             .canonicalize()
@@ -197,7 +186,7 @@ impl Qcow2Engine {
         image::create(overlay, Some(old.access.size()), &cfg)?;
         let opened = image::open(overlay, false, self.direct).and_then(|new| {
             let new = Arc::new(new);
-            let jobs = self.start_workers(&new, overlay)?;
+            let jobs = start_worker(&new, &self.worker_name, overlay)?;
             Ok((new, jobs))
         });
         let (image, jobs) = match opened {
@@ -207,7 +196,7 @@ impl Qcow2Engine {
                 return Err(e);
             }
         };
-        // The old top's workers end once its channels let go of their senders; its imago
+        // The old top's worker ends once its channels let go of its queue; its imago
         // instance has nothing left to write (just flushed) and is dropped with the last of
         // them.
         *top = Top {
@@ -220,6 +209,14 @@ impl Qcow2Engine {
     }
 }
 
+/// Data, then what imago holds of the metadata, on stable storage (from a control thread:
+/// blocking).
+fn write_back_all(image: &Image) -> io::Result<()> {
+    rustix::fs::fdatasync(&image.file)?;
+    block_on(image.access.flush())?;
+    block_on(image.access.sync())
+}
+
 impl Drop for Qcow2Engine {
     /// The export is gone (its I/O threads drained and joined): what imago still holds of
     /// the metadata is written back, so that a clean shutdown leaves nothing to a flush the
@@ -228,12 +225,7 @@ impl Drop for Qcow2Engine {
         if !self.writable {
             return;
         }
-        let image = self.image();
-        let written = rustix::fs::fdatasync(&image.file)
-            .map_err(io::Error::from)
-            .and_then(|()| image.access.flush())
-            .and_then(|()| image.access.sync());
-        if let Err(e) = written {
+        if let Err(e) = write_back_all(&self.image()) {
             tracing::error!(err = %e, "cannot write the qcow2 metadata back at shutdown");
         }
     }
@@ -278,11 +270,13 @@ impl Engine for Qcow2Engine {
             None => Err(ResizeError::SizeNeeded("qcow2")),
             Some(s) if s < actual => Err(ResizeError::Shrink { actual }),
             Some(s) => {
-                image
-                    .access
-                    .resize_grow(s, imago::format::PreallocateMode::None)?;
-                image.access.flush()?;
-                image.access.sync()?;
+                block_on(
+                    image
+                        .access
+                        .resize_grow(s, imago::format::PreallocateMode::None),
+                )?;
+                block_on(image.access.flush())?;
+                block_on(image.access.sync())?;
                 Ok(s)
             }
         }
@@ -291,10 +285,7 @@ impl Engine for Qcow2Engine {
     fn sync_host_cache(&self) -> io::Result<()> {
         // Everything the next backend to open the image (after a migration) needs: data,
         // and the metadata imago holds in memory.
-        let image = self.image();
-        rustix::fs::fdatasync(&image.file)?;
-        image.access.flush()?;
-        image.access.sync()
+        write_back_all(&self.image())
     }
 
     fn refresh(&self) -> io::Result<()> {
@@ -302,11 +293,11 @@ impl Engine for Qcow2Engine {
         // flush, which a migration's switch-over includes), then everything imago caches
         // is dropped and the mutable header fields re-read.
         let image = self.image();
-        image.access.flush()?;
+        block_on(image.access.flush())?;
         // SAFETY: no request is in flight (the contract of `refresh`), so neither imago nor
         // any thread holds a mapping; the on-disk state is consistent (just flushed here, or
         // by the backend that changed it).
-        unsafe { image.access.invalidate_cache() }?;
+        block_on(unsafe { image.access.invalidate_cache() })?;
         metadata::invalidate(&image, 0, u64::MAX / 2);
         Ok(())
     }
