@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
@@ -187,15 +188,31 @@ impl Reactor {
     /// Submits what is queued and waits until at least one entry completes or the thread is
     /// woken; then records every completion and wakes the tasks waiting for them.
     pub fn wait(&self) -> io::Result<()> {
+        self.wait_at_most(None)
+    }
+
+    /// [`wait`](Self::wait), returning after `limit` at the latest.
+    pub fn wait_at_most(&self, limit: Option<Duration>) -> io::Result<()> {
         if self.wake_disarmed.replace(false) {
             let buf = self.wake_buf.get().cast::<u8>();
             let read = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), buf, 8).build();
             self.push(read.user_data(WAKE));
         }
-        let submitted = self.ring.borrow_mut().submit_and_wait(1);
+        let submitted = match limit {
+            None => self.ring.borrow_mut().submit_and_wait(1),
+            Some(limit) => {
+                let ts = types::Timespec::from(limit);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.borrow().submitter().submit_with_args(1, &args)
+            }
+        };
         match submitted {
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::ETIME)
+                ) => {}
             Err(e) => return Err(e),
         }
         let mut wakers = Vec::new();
