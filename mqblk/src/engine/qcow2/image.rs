@@ -18,7 +18,7 @@ use imago::file::File as ImagoFile;
 use imago::qcow2::Qcow2;
 use imago::raw::Raw;
 use imago::{
-    DenyImplicitOpenGate, FormatAccess, FormatCreateBuilder, FormatDriverBuilder,
+    DenyImplicitOpenGate, FormatAccess, FormatCreateBuilder, FormatDriverBuilder, ShallowMapping,
     StorageOpenOptions,
 };
 
@@ -27,7 +27,8 @@ use crate::engine::OpenError;
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
-use super::cow::ClusterLocks;
+use super::locks::ClusterLocks;
+use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
 
 /// A qcow2 image through imago, as a library caller sees it.
@@ -114,6 +115,45 @@ impl Image {
         self.writes_in_progress.load(Ordering::Acquire) == 0
             && self.writes_durable.load(Ordering::Acquire)
                 == self.writes_done.load(Ordering::Acquire)
+    }
+}
+
+/// Where guest `offset` of `top` is, and for how many bytes it stays so: in which image of the
+/// chain (counted from the top) at which file offset, or zeros; `None` for what only imago can
+/// read (compressed clusters, a chain deeper than a cache holds).
+pub async fn resolve(
+    top: &Access,
+    offset: u64,
+    max: u64,
+) -> std::io::Result<(Option<Target>, u64)> {
+    let (mut layer, mut depth, mut offset, mut max) = (top, 0u8, offset, max);
+    loop {
+        let (mapping, n) = layer.get_shallow_mapping(offset, max).await?;
+        return Ok(match mapping {
+            ShallowMapping::Raw {
+                offset, writable, ..
+            } => (
+                Some(Target::File {
+                    layer: depth,
+                    offset,
+                    writable: writable && depth == 0,
+                }),
+                n,
+            ),
+            ShallowMapping::Indirect {
+                layer: below,
+                offset: at,
+                ..
+            } if depth < MAX_LAYERS => {
+                (layer, depth, offset, max) = (below, depth + 1, at, n);
+                continue;
+            }
+            ShallowMapping::Zero { .. } => (Some(Target::Zeros), n),
+            // Past the end of a backing image: zeros up to the top's size.
+            ShallowMapping::Eof { .. } if depth > 0 => (Some(Target::Zeros), max),
+            ShallowMapping::Eof { .. } => (None, 0),
+            _ => (None, n),
+        });
     }
 }
 

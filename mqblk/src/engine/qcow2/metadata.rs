@@ -31,14 +31,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use imago::io_buffers::{IoVector, IoVectorMut};
-use imago::{Mapping, ShallowMapping};
+use imago::Mapping;
 
 use rustix::event::{eventfd, EventfdFlags};
 
 use super::cow;
 use super::executor::Executor;
-use super::image::{Access, Image, Invalidation, INVALIDATIONS_KEPT};
-use super::mapping::{Target, MAX_LAYERS};
+use super::image::{resolve, Image, Invalidation, INVALIDATIONS_KEPT};
+use super::mapping::Target;
 use super::uring_io;
 
 /// Clusters around a miss whose mappings a reply carries (a 32 MiB window at 64 KiB clusters):
@@ -643,45 +643,6 @@ async fn hints(image: &Image, offset: u64, len: u64) -> (Vec<Hint>, u64) {
         at += n;
     }
     (out, epoch)
-}
-
-/// Where guest `offset` of `top` is, and for how many bytes it stays so: in which image of the
-/// chain (counted from the top) at which file offset, or zeros; `None` for what only imago can
-/// read (compressed clusters, a chain deeper than a cache holds).
-pub(super) async fn resolve(
-    top: &Access,
-    offset: u64,
-    max: u64,
-) -> io::Result<(Option<Target>, u64)> {
-    let (mut layer, mut depth, mut offset, mut max) = (top, 0u8, offset, max);
-    loop {
-        let (mapping, n) = layer.get_shallow_mapping(offset, max).await?;
-        return Ok(match mapping {
-            ShallowMapping::Raw {
-                offset, writable, ..
-            } => (
-                Some(Target::File {
-                    layer: depth,
-                    offset,
-                    writable: writable && depth == 0,
-                }),
-                n,
-            ),
-            ShallowMapping::Indirect {
-                layer: below,
-                offset: at,
-                ..
-            } if depth < MAX_LAYERS => {
-                (layer, depth, offset, max) = (below, depth + 1, at, n);
-                continue;
-            }
-            ShallowMapping::Zero { .. } => (Some(Target::Zeros), n),
-            // Past the end of a backing image: zeros up to the top's size.
-            ShallowMapping::Eof { .. } if depth > 0 => (Some(Target::Zeros), max),
-            ShallowMapping::Eof { .. } => (None, 0),
-            _ => (None, n),
-        });
-    }
 }
 
 /// Brings a thread's view from epoch `seen` up to date: `forget` is called with each range

@@ -29,6 +29,7 @@ mod channel;
 mod cow;
 mod executor;
 mod image;
+mod locks;
 mod mapping;
 mod metadata;
 mod storage;

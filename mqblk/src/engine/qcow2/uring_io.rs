@@ -198,6 +198,9 @@ impl Reactor {
             let read = opcode::Read::new(types::Fd(self.wake.as_raw_fd()), buf, 8).build();
             self.push(read.user_data(WAKE));
         }
+        // A kernel without timed waits (before 5.11) waits for the next completion instead,
+        // which comes: a limit is only asked for while other jobs are at work.
+        let limit = limit.filter(|_| self.ring.borrow().params().is_feature_ext_arg());
         let submitted = match limit {
             None => self.ring.borrow_mut().submit_and_wait(1),
             Some(limit) => {
