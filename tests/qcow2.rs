@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mqblk_client::{Client, Pattern};
+use mqblk_client::{Client, Concurrent, Pattern};
 use support::daemon::*;
 use support::qemu_img::{assert_checks_clean, qemu_img_ok, qemu_io_ok, read_through_qemu};
 
@@ -755,4 +755,50 @@ fn a_snapshot_outside_the_allowed_directories_is_refused_by_name() {
     drop(c);
     d.stop();
     assert_checks_clean(&img, false);
+}
+
+/// A write-zeroes and a write into two blocks of the same new cluster, sent on two queues at
+/// once, cluster after cluster: both land, and the rest of the cluster keeps the base's data.
+/// The write's copy-on-write reads the rest of the cluster before it writes the whole cluster;
+/// a zeroing that landed in between would be overwritten with the base's bytes, which the
+/// zeroing lock prevents (without it, the first cluster's zeroed block read back the base's
+/// bytes in 3 runs of 3).
+#[test]
+fn a_zeroing_and_a_write_into_one_new_cluster_at_once_both_land() {
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let (overlay, sock) = (dir.join("overlay.qcow2"), dir.join("s.sock"));
+    let mut d = Daemon::start(&dir, &[overlay_export(&sock, &overlay, &base, "raw")]);
+    let mut c = Client::connect(&sock, 2).unwrap();
+    let mut expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
+    let clusters = SIZE / CLUSTER;
+    for k in 0..clusters {
+        let at = k * CLUSTER;
+        let (zeroed, written) = (at + (k % 8) * 4096, at + 32768 + (k % 4) * 4096);
+        let data = pattern_bytes(4096, written, Some(k + 7));
+        let results = c.together(&[
+            Concurrent::WriteZeroes {
+                q: 0,
+                offset: zeroed,
+                len: 4096,
+            },
+            Concurrent::Write {
+                q: 1,
+                offset: written,
+                data: &data,
+            },
+        ]);
+        for r in results {
+            r.unwrap_or_else(|e| panic!("cluster {k}: {e}"));
+        }
+        expected[zeroed as usize..zeroed as usize + 4096].fill(0);
+        expected[written as usize..written as usize + 4096].copy_from_slice(&data);
+    }
+    let through_mqblk = c.read_vec(0, 0, SIZE as usize).unwrap();
+    assert_bytes_eq(&through_mqblk, &expected, 0, "read through mqblk");
+    drop(c);
+    d.stop();
+    assert_checks_clean(&overlay, false);
+    let through_qemu = read_through_qemu(&overlay, &dir.join("converted.raw"));
+    assert_bytes_eq(&through_qemu, &expected, 0, "read by QEMU");
 }

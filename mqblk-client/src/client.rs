@@ -244,4 +244,131 @@ impl Client {
         };
         self.submit_wait(q, |queue, tag| queue.write_zeroes(offset, len, tag, flags))
     }
+
+    /// Puts every request of `reqs` in flight before waiting for any (each queue's are
+    /// submitted together), then waits for them all; their results, in order. For requests of
+    /// different queues that must reach the device at the same time.
+    pub fn together(&mut self, reqs: &[Concurrent<'_>]) -> Vec<Result<(), RequestError>> {
+        let bytes: usize = reqs.iter().map(Concurrent::data_len).sum();
+        if let Err(e) = self.ensure_buf(bytes) {
+            return reqs
+                .iter()
+                .map(|_| Err(RequestError::Usage(e.to_string())))
+                .collect();
+        }
+        let nq = self.conn.queues.len();
+        let mut results: Vec<Option<Result<(), RequestError>>> =
+            reqs.iter().map(|_| None).collect();
+        let first_tag = self.tag.wrapping_add(1);
+        self.tag = self.tag.wrapping_add(reqs.len());
+        let mut at = 0;
+        for (i, r) in reqs.iter().enumerate() {
+            let q = r.queue();
+            let Some(queue) = self.conn.queues.get_mut(q) else {
+                results[i] = Some(Err(RequestError::Usage(format!(
+                    "queue {q} does not exist ({nq} queues)"
+                ))));
+                continue;
+            };
+            let tag = first_tag.wrapping_add(i);
+            match *r {
+                Concurrent::Write { offset, data, .. } => {
+                    let addr = (self.buf.addr + at) as *mut u8;
+                    // SAFETY: the region is mapped and holds `bytes`; this part is this
+                    // request's alone.
+                    unsafe { std::slice::from_raw_parts_mut(addr, data.len()) }
+                        .copy_from_slice(data);
+                    at += data.len();
+                    queue.write(offset, addr, data.len(), tag, ReqFlags::empty());
+                }
+                Concurrent::WriteZeroes { offset, len, .. } => {
+                    queue.write_zeroes(offset, len, tag, ReqFlags::NO_UNMAP);
+                }
+            }
+        }
+        // Submit on every queue first: libblkio submits a queue's requests when it is polled.
+        for queue in self.conn.queues.iter_mut() {
+            let mut zero = Duration::ZERO;
+            // Completions reaped here are lost to the loop below, so ask for none: with
+            // `max_completions` 0 nothing is reaped, only submitted.
+            let _ = queue.do_io(&mut self.completions[..0], 0, Some(&mut zero), None);
+        }
+        let deadline = Instant::now() + self.timeout;
+        while results.iter().any(Option::is_none) {
+            if Instant::now() >= deadline {
+                break;
+            }
+            // Each queue polled in turn (a queue waited on alone could hide the others').
+            std::thread::sleep(Duration::from_micros(50));
+            for queue in self.conn.queues.iter_mut() {
+                let n = match queue.do_io(&mut self.completions, 0, None, None) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let msg = format!("{} ({})", e.message(), e.errno());
+                        for r in results.iter_mut().filter(|r| r.is_none()) {
+                            *r = Some(Err(RequestError::Driver(msg.clone())));
+                        }
+                        return results.into_iter().flatten().collect();
+                    }
+                };
+                for c in &self.completions[..n] {
+                    // SAFETY: do_io initialised the first n entries.
+                    let c = unsafe { c.assume_init_ref() };
+                    let i = c.user_data.wrapping_sub(first_tag);
+                    if let Some(slot) = results.get_mut(i).filter(|s| s.is_none()) {
+                        *slot = Some(match c.ret {
+                            0 => Ok(()),
+                            ret => Err(RequestError::Failed {
+                                errno: -ret,
+                                msg: completion_msg(c),
+                            }),
+                        });
+                    }
+                }
+            }
+        }
+        let timeout = self.timeout;
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(RequestError::Timeout(timeout))))
+            .collect()
+    }
+}
+
+/// One request of [`Client::together`].
+#[derive(Debug, Clone, Copy)]
+pub enum Concurrent<'a> {
+    /// Write `data` at `offset` on queue `q`.
+    Write {
+        /// The queue.
+        q: usize,
+        /// Byte offset.
+        offset: u64,
+        /// What to write.
+        data: &'a [u8],
+    },
+    /// Write zeroes to `len` bytes at `offset` on queue `q`, keeping them allocated.
+    WriteZeroes {
+        /// The queue.
+        q: usize,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+impl Concurrent<'_> {
+    fn queue(&self) -> usize {
+        match *self {
+            Concurrent::Write { q, .. } | Concurrent::WriteZeroes { q, .. } => q,
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match *self {
+            Concurrent::Write { data, .. } => data.len(),
+            Concurrent::WriteZeroes { .. } => 0,
+        }
+    }
 }

@@ -55,7 +55,7 @@ mod workload;
 /// Request flags for [`Client::write_flags`] (libblkio's).
 pub use blkio::ReqFlags;
 
-pub use client::{Client, RequestError};
+pub use client::{Client, Concurrent, RequestError};
 pub use connect::{ConnectOptions, DRIVER};
 pub use data_pattern::{check_pattern, fill_pattern};
 pub use histogram::LatencyHistogram;
