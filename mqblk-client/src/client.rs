@@ -249,11 +249,26 @@ impl Client {
     /// submitted together), then waits for them all; their results, in order. For requests of
     /// different queues that must reach the device at the same time.
     pub fn together(&mut self, reqs: &[Concurrent<'_>]) -> Vec<Result<(), RequestError>> {
+        let timeout = self.timeout;
+        self.together_until(reqs, reqs.len())
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(RequestError::Timeout(timeout))))
+            .collect()
+    }
+
+    /// [`together`](Self::together), returning as soon as `wanted` of them have completed:
+    /// `None` for those that had not (they may still be in flight). For a test that acts on a
+    /// completion the moment it arrives.
+    pub fn together_until(
+        &mut self,
+        reqs: &[Concurrent<'_>],
+        wanted: usize,
+    ) -> Vec<Option<Result<(), RequestError>>> {
         let bytes: usize = reqs.iter().map(Concurrent::data_len).sum();
         if let Err(e) = self.ensure_buf(bytes) {
             return reqs
                 .iter()
-                .map(|_| Err(RequestError::Usage(e.to_string())))
+                .map(|_| Some(Err(RequestError::Usage(e.to_string()))))
                 .collect();
         }
         let nq = self.conn.queues.len();
@@ -294,7 +309,7 @@ impl Client {
             let _ = queue.do_io(&mut self.completions[..0], 0, Some(&mut zero), None);
         }
         let deadline = Instant::now() + self.timeout;
-        while results.iter().any(Option::is_none) {
+        while results.iter().filter(|r| r.is_some()).count() < wanted.min(reqs.len()) {
             if Instant::now() >= deadline {
                 break;
             }
@@ -308,7 +323,7 @@ impl Client {
                         for r in results.iter_mut().filter(|r| r.is_none()) {
                             *r = Some(Err(RequestError::Driver(msg.clone())));
                         }
-                        return results.into_iter().flatten().collect();
+                        return results;
                     }
                 };
                 for c in &self.completions[..n] {
@@ -327,11 +342,7 @@ impl Client {
                 }
             }
         }
-        let timeout = self.timeout;
         results
-            .into_iter()
-            .map(|r| r.unwrap_or(Err(RequestError::Timeout(timeout))))
-            .collect()
     }
 }
 

@@ -307,11 +307,24 @@ impl GroupCommit {
 
 /// Performs a job and reads the mappings its reply will carry.
 async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
-    let done = perform(&image, &mut job.work).await;
+    let mut done = perform(&image, &mut job.work).await;
     let (hints, epoch) = match done.hint {
         Some((offset, len)) if done.result >= 0 => hints(&image, offset, len).await,
         _ => (Vec::new(), 0),
     };
+    // A reply that relies on mappings (a write into clusters it found allocated, the mappings
+    // it hands the thread to cache) may rely on one that another job has made and not yet
+    // written back: that job counts in `unpersisted` from before its mapping could be seen
+    // until it completes. While any does, this one completes after the next group commit too,
+    // which writes back everything made before it began; else a crash of mqblk could lose a
+    // write acknowledged into a cluster whose mapping never reached the file.
+    if done.result >= 0
+        && done.persist == Persist::Nothing
+        && done.hint.is_some()
+        && image.unpersisted.load(Ordering::Acquire) > 0
+    {
+        done.persist = Persist::WriteBack;
+    }
     Outcome::Performed(Box::new(Performed {
         job,
         done,
@@ -353,6 +366,9 @@ fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
     if done.is_write {
         image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
     }
+    if done.unpersisted {
+        image.unpersisted.fetch_sub(1, Ordering::AcqRel);
+    }
     job.replies.push(Reply {
         token: job.token,
         result,
@@ -386,6 +402,8 @@ struct Done {
     persist: Persist,
     /// A write (counted in `writes_in_progress` until it completes).
     is_write: bool,
+    /// Counted in `Image::unpersisted` until it completes: it may change mappings.
+    unpersisted: bool,
     /// The range whose neighbourhood to send mappings of: `(offset, len)`, with `len` 0 for
     /// the window around `offset`.
     hint: Option<(u64, u64)>,
@@ -443,6 +461,10 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 resolve(&image.access, *offset, len as u64).await,
                 Ok((Some(Target::File { writable: true, .. }), n)) if n >= len as u64
             );
+            if !in_place {
+                // Before any mapping it makes can be seen.
+                image.unpersisted.fetch_add(1, Ordering::AcqRel);
+            }
             let result = match cow::write_into_new_cluster(image, *offset, &bufs, len as u64).await
             {
                 Some(written) => written,
@@ -471,6 +493,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                     (false, false) => Persist::Nothing,
                 },
                 is_write: true,
+                unpersisted: !in_place,
                 // An allocation: only its own clusters (their neighbours are allocated one by
                 // one too); a miss: the window around it, as for a read.
                 hint: Some((*offset, if changed { len as u64 } else { 0 })),
@@ -480,13 +503,20 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             Ok(()) => Done::default(),
             Err(e) => failed(e),
         },
-        Work::Zero { offset, len, unmap } => match zero(image, *offset, *len, *unmap).await {
-            Ok(()) => Done {
-                persist: Persist::WriteBack,
-                ..Done::default()
-            },
-            Err(e) => failed(e),
-        },
+        Work::Zero { offset, len, unmap } => {
+            image.unpersisted.fetch_add(1, Ordering::AcqRel);
+            let done = match zero(image, *offset, *len, *unmap).await {
+                Ok(()) => Done {
+                    persist: Persist::WriteBack,
+                    ..Done::default()
+                },
+                Err(e) => failed(e),
+            };
+            Done {
+                unpersisted: true,
+                ..done
+            }
+        }
     }
 }
 
