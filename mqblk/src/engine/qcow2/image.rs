@@ -30,6 +30,7 @@ use crate::format::qcow2::Qcow2Error;
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
+use super::unpersisted::Unpersisted;
 
 /// A qcow2 image through imago, as a library caller sees it.
 pub type Access = FormatAccess<RingFile>;
@@ -77,10 +78,8 @@ pub struct Image {
     /// Held shared by every metadata-path write, exclusively by zeroing: a write that read a
     /// cluster's rest before a zeroing must not write it back after.
     pub zeroing: tokio::sync::RwLock<()>,
-    /// Metadata-path jobs that may change mappings (writes not in place, zeroing) and have not
-    /// completed: counted before any mapping they make can be seen, until their changes are
-    /// written back and they complete.
-    pub unpersisted: AtomicU64,
+    /// Mappings made and not yet written back ([`unpersisted`](super::unpersisted)).
+    pub unpersisted: Unpersisted,
     /// Metadata-path writes under way (each may be allocating clusters).
     pub writes_in_progress: AtomicU64,
     /// Metadata-path writes finished: bumped after imago returns, so that the mappings a
@@ -264,7 +263,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
         written_back: futures::lock::Mutex::new(0),
         cow_locks: ClusterLocks::default(),
         zeroing: tokio::sync::RwLock::new(()),
-        unpersisted: AtomicU64::new(0),
+        unpersisted: Unpersisted::default(),
         writes_in_progress: AtomicU64::new(0),
         writes_done: AtomicU64::new(0),
         writes_durable: AtomicU64::new(0),

@@ -312,18 +312,28 @@ async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
         Some((offset, len)) if done.result >= 0 => hints(&image, offset, len).await,
         _ => (Vec::new(), 0),
     };
-    // A reply that relies on mappings (a write into clusters it found allocated, the mappings
-    // it hands the thread to cache) may rely on one that another job has made and not yet
-    // written back: that job counts in `unpersisted` from before its mapping could be seen
-    // until it completes. While any does, this one completes after the next group commit too,
-    // which writes back everything made before it began; else a crash of mqblk could lose a
-    // write acknowledged into a cluster whose mapping never reached the file.
-    if done.result >= 0
-        && done.persist == Persist::Nothing
-        && done.hint.is_some()
-        && image.unpersisted.load(Ordering::Acquire) > 0
-    {
-        done.persist = Persist::WriteBack;
+    // A reply must not rely on a mapping another job made and has not written back
+    // (`unpersisted`): a crash of mqblk before that job's commit would lose the mapping and
+    // the write acknowledged into it. A write into such clusters completes after the next
+    // group commit, which writes back everything made before it began; such mappings are not
+    // handed to the thread to cache (it asks again later). While a zeroing is under way, any
+    // reply with mappings waits for the commit (zeroings are rare).
+    let (mut hints, epoch) = (hints, epoch);
+    if done.result >= 0 && done.persist == Persist::Nothing && done.hint.is_some() {
+        let pending = &image.unpersisted;
+        let bits = image.cluster_bits;
+        let relies = match done.wrote {
+            Some((offset, len)) => pending.touches(offset, len, bits),
+            None => pending.zeroing(),
+        };
+        if relies {
+            done.persist = Persist::WriteBack;
+        } else {
+            hints.retain(|h| {
+                !matches!(h.target, Target::File { layer: 0, .. })
+                    || !pending.touches(h.guest, h.len, bits)
+            });
+        }
     }
     Outcome::Performed(Box::new(Performed {
         job,
@@ -366,8 +376,14 @@ fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
     if done.is_write {
         image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
     }
-    if done.unpersisted {
-        image.unpersisted.fetch_sub(1, Ordering::AcqRel);
+    match done.unpersisted {
+        Some(Unpersisting::Write { offset, len }) => {
+            image
+                .unpersisted
+                .remove_write(offset, len, image.cluster_bits)
+        }
+        Some(Unpersisting::Zeroing) => image.unpersisted.remove_zeroing(),
+        None => {}
     }
     job.replies.push(Reply {
         token: job.token,
@@ -393,6 +409,15 @@ enum Persist {
     Sync,
 }
 
+/// What a job counts for in `Image::unpersisted`.
+#[derive(Debug, Clone, Copy)]
+enum Unpersisting {
+    /// A write not in place, over this range.
+    Write { offset: u64, len: u64 },
+    /// A zeroing.
+    Zeroing,
+}
+
 /// A performed job, before its metadata is persisted and it completes.
 #[derive(Debug, Default)]
 struct Done {
@@ -402,8 +427,10 @@ struct Done {
     persist: Persist,
     /// A write (counted in `writes_in_progress` until it completes).
     is_write: bool,
-    /// Counted in `Image::unpersisted` until it completes: it may change mappings.
-    unpersisted: bool,
+    /// What it counts for in `Image::unpersisted` until it completes: it may change mappings.
+    unpersisted: Option<Unpersisting>,
+    /// A write that changed no mapping: the range it wrote.
+    wrote: Option<(u64, u64)>,
     /// The range whose neighbourhood to send mappings of: `(offset, len)`, with `len` 0 for
     /// the window around `offset`.
     hint: Option<(u64, u64)>,
@@ -463,7 +490,9 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             );
             if !in_place {
                 // Before any mapping it makes can be seen.
-                image.unpersisted.fetch_add(1, Ordering::AcqRel);
+                image
+                    .unpersisted
+                    .add_write(*offset, len as u64, image.cluster_bits);
             }
             let result = match cow::write_into_new_cluster(image, *offset, &bufs, len as u64).await
             {
@@ -493,7 +522,11 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                     (false, false) => Persist::Nothing,
                 },
                 is_write: true,
-                unpersisted: !in_place,
+                unpersisted: (!in_place).then_some(Unpersisting::Write {
+                    offset: *offset,
+                    len: len as u64,
+                }),
+                wrote: (!changed).then_some((*offset, len as u64)),
                 // An allocation: only its own clusters (their neighbours are allocated one by
                 // one too); a miss: the window around it, as for a read.
                 hint: Some((*offset, if changed { len as u64 } else { 0 })),
@@ -504,7 +537,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             Err(e) => failed(e),
         },
         Work::Zero { offset, len, unmap } => {
-            image.unpersisted.fetch_add(1, Ordering::AcqRel);
+            image.unpersisted.add_zeroing();
             let done = match zero(image, *offset, *len, *unmap).await {
                 Ok(()) => Done {
                     persist: Persist::WriteBack,
@@ -513,7 +546,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 Err(e) => failed(e),
             };
             Done {
-                unpersisted: true,
+                unpersisted: Some(Unpersisting::Zeroing),
                 ..done
             }
         }

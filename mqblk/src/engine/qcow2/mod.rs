@@ -33,6 +33,7 @@ mod locks;
 mod mapping;
 mod metadata;
 mod storage;
+mod unpersisted;
 mod uring_io;
 
 use std::io;
