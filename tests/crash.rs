@@ -25,6 +25,7 @@ use mqblk_client::{check_pattern, fill_pattern, Client, Concurrent, Pattern, Wor
 use support::daemon::*;
 use support::frontend::*;
 use support::mem::memfd;
+use support::qemu_img::read_through_qemu;
 use support::skip::skip_unless_allowed;
 use vhost::vhost_user::message::{
     VhostUserConfigFlags, VhostUserInflight, VhostUserProtocolFeatures,
@@ -436,15 +437,7 @@ fn qcow2_acknowledged_writes_survive_sigkill_without_a_flush() {
         sigkill(&mut d);
         drop(s);
         drop(d);
-        let out = dir.join("back.raw");
-        let status = std::process::Command::new("qemu-img")
-            .args(["convert", "-O", "raw"])
-            .arg(&img)
-            .arg(&out)
-            .status()
-            .expect("qemu-img");
-        assert!(status.success(), "qemu-img convert after the kill");
-        let back = std::fs::read(&out).unwrap();
+        let back = read_through_qemu(&img, &dir.join("back.raw"));
         let lost: Vec<u64> = blocks
             .iter()
             .filter(|&&(sector, fill)| {
@@ -504,15 +497,7 @@ fn qcow2_a_write_into_a_cluster_being_allocated_survives_sigkill() {
         sigkill(&mut d);
         drop(c);
         drop(d);
-        let out = dir.join("back.raw");
-        let status = std::process::Command::new("qemu-img")
-            .args(["convert", "-O", "raw"])
-            .arg(&img)
-            .arg(&out)
-            .status()
-            .expect("qemu-img");
-        assert!(status.success(), "qemu-img convert after the kill");
-        let back = std::fs::read(&out).unwrap();
+        let back = read_through_qemu(&img, &dir.join("back.raw"));
         let mut completed = 0;
         for (i, r) in done.iter().enumerate() {
             let Some(r) = r else { continue };
