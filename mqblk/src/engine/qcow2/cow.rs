@@ -30,7 +30,7 @@ use super::uring_io;
 /// (the cluster is allocated, or only imago can read it, or the range is not inside one
 /// cluster), or the rest could not be read: imago's own write does it then.
 ///
-/// The caller holds the cluster's lock (`Image::cow_locks`) and `Image::zeroing` shared.
+/// The caller holds the cluster (`Image::cow_locks`) and `Image::zeroing` shared.
 pub async fn write_into_new_cluster(
     image: &Image,
     offset: u64,

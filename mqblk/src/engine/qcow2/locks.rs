@@ -1,68 +1,77 @@
 //! What a metadata-path write holds while it works: its guest clusters, so that no other write
 //! changes a cluster between the copy-on-write's read of the cluster's rest and its write of
 //! the whole cluster ([`cow`](super::cow)).
+//!
+//! A write holds its whole range of clusters at once, so no two writes can wait for each
+//! other. What is held is a list of ranges, one per write at work (at most the worker's
+//! running jobs), whatever the length of the guest's request.
 
-use std::collections::hash_map::{Entry, HashMap};
 use std::future::poll_fn;
+use std::ops::RangeInclusive;
 use std::sync::Mutex;
 use std::task::{Poll, Waker};
 
-/// Guest clusters that a metadata-path write is working on, and who waits for them.
-#[derive(Default)]
-pub struct ClusterLocks {
-    held: Mutex<HashMap<u64, Vec<Waker>>>,
+/// The guest clusters `offset..offset + len` cover, for clusters of `1 << bits` bytes.
+pub fn clusters(offset: u64, len: u64, bits: u32) -> RangeInclusive<u64> {
+    (offset >> bits)..=((offset + len.max(1) - 1) >> bits)
 }
 
-/// Holds one cluster of [`ClusterLocks`] until dropped.
+fn overlap(a: &RangeInclusive<u64>, b: &RangeInclusive<u64>) -> bool {
+    a.start() <= b.end() && b.start() <= a.end()
+}
+
+/// Ranges of guest clusters that metadata-path writes are working on, and who waits.
+#[derive(Default)]
+pub struct ClusterLocks {
+    state: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    ranges: Vec<RangeInclusive<u64>>,
+    waiters: Vec<Waker>,
+}
+
+/// Holds a range of [`ClusterLocks`] until dropped.
 pub struct ClusterGuard<'a> {
     locks: &'a ClusterLocks,
-    cluster: u64,
+    range: RangeInclusive<u64>,
 }
 
 impl ClusterLocks {
-    /// Waits until guest cluster `cluster` is free, and holds it.
-    pub async fn lock(&self, cluster: u64) -> ClusterGuard<'_> {
-        poll_fn(|cx| {
-            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-            match held.entry(cluster) {
-                Entry::Vacant(v) => {
-                    v.insert(Vec::new());
-                    Poll::Ready(())
-                }
-                Entry::Occupied(mut o) => {
-                    o.get_mut().push(cx.waker().clone());
-                    Poll::Pending
-                }
-            }
-        })
-        .await;
-        ClusterGuard {
-            locks: self,
-            cluster,
-        }
+    fn state(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Holds every cluster of `offset..offset + len` (clusters of `1 << bits` bytes), taken in
-    /// ascending order, as every holder takes them (no two writes can wait for each other).
-    pub async fn lock_range(&self, offset: u64, len: u64, bits: u32) -> Vec<ClusterGuard<'_>> {
-        let (first, last) = (offset >> bits, (offset + len.max(1) - 1) >> bits);
-        let mut guards = Vec::with_capacity((last - first + 1) as usize);
-        for cluster in first..=last {
-            guards.push(self.lock(cluster).await);
-        }
-        guards
+    /// Waits until no other write holds a cluster of `offset..offset + len` (clusters of
+    /// `1 << bits` bytes), and holds them all.
+    pub async fn lock_range(&self, offset: u64, len: u64, bits: u32) -> ClusterGuard<'_> {
+        let range = clusters(offset, len, bits);
+        poll_fn(|cx| {
+            let mut held = self.state();
+            if held.ranges.iter().any(|r| overlap(r, &range)) {
+                held.waiters.push(cx.waker().clone());
+                return Poll::Pending;
+            }
+            held.ranges.push(range.clone());
+            Poll::Ready(())
+        })
+        .await;
+        ClusterGuard { locks: self, range }
     }
 }
 
 impl Drop for ClusterGuard<'_> {
     fn drop(&mut self) {
-        let waiters = self
-            .locks
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.cluster);
-        for w in waiters.into_iter().flatten() {
+        let waiters = {
+            let mut held = self.locks.state();
+            if let Some(i) = held.ranges.iter().position(|r| *r == self.range) {
+                held.ranges.swap_remove(i);
+            }
+            std::mem::take(&mut held.waiters)
+        };
+        // Every waiter looks again (there are at most as many as jobs at work).
+        for w in waiters {
             w.wake();
         }
     }
@@ -92,14 +101,18 @@ mod tests {
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
-        let mut first = Box::pin(locks.lock(3));
+        // 64 KiB clusters: cluster 3.
+        let mut first = Box::pin(locks.lock_range(3 << 16, 4096, 16));
         let Poll::Ready(held) = first.as_mut().poll(&mut cx) else {
             panic!("a free cluster must be taken at once");
         };
-        let mut second = Box::pin(locks.lock(3));
+        let mut second = Box::pin(locks.lock_range((3 << 16) + 8192, 4096, 16));
         assert!(second.as_mut().poll(&mut cx).is_pending());
-        // Another cluster is free.
-        assert!(Box::pin(locks.lock(4)).as_mut().poll(&mut cx).is_ready());
+        // Another cluster is free (and stays held to the end: a release wakes every waiter).
+        let mut other = Box::pin(locks.lock_range(4 << 16, 4096, 16));
+        let Poll::Ready(_other) = other.as_mut().poll(&mut cx) else {
+            panic!("cluster 4 is free");
+        };
         assert_eq!(count.0.load(Ordering::SeqCst), 0);
         drop(held);
         assert_eq!(
@@ -111,15 +124,25 @@ mod tests {
     }
 
     #[test]
-    fn a_range_holds_each_of_its_clusters() {
+    fn a_range_holds_each_of_its_clusters_whatever_its_length() {
         let locks = ClusterLocks::default();
         // 64 KiB clusters: 60 KiB..72 KiB touches clusters 0 and 1.
         let held = futures::executor::block_on(locks.lock_range(60 << 10, 12 << 10, 16));
-        assert_eq!(held.iter().map(|g| g.cluster).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(held.range, 0..=1);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
-        assert!(Box::pin(locks.lock(1)).as_mut().poll(&mut cx).is_pending());
+        assert!(Box::pin(locks.lock_range(1 << 16, 512, 16))
+            .as_mut()
+            .poll(&mut cx)
+            .is_pending());
         drop(held);
-        assert!(Box::pin(locks.lock(1)).as_mut().poll(&mut cx).is_ready());
+        assert!(Box::pin(locks.lock_range(1 << 16, 512, 16))
+            .as_mut()
+            .poll(&mut cx)
+            .is_ready());
+        // A 2 GiB request over 512-byte clusters is one entry, not four million.
+        let big = futures::executor::block_on(locks.lock_range(0, 1 << 31, 9));
+        assert_eq!(big.range, 0..=(1 << 22) - 1);
+        assert_eq!(locks.state().ranges.len(), 1);
     }
 }

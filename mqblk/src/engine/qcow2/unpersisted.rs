@@ -6,8 +6,10 @@
 //! allocated, the mappings it hands a thread to cache) must not rely on one counted here: a
 //! crash of mqblk before the commit would lose the mapping and with it the acknowledged write.
 
-use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::sync::Mutex;
+
+use super::locks::clusters;
 
 /// Guest clusters being allocated, and zeroings under way.
 #[derive(Default)]
@@ -17,15 +19,11 @@ pub struct Unpersisted {
 
 #[derive(Default)]
 struct Inner {
-    /// Guest cluster index -> jobs that may be allocating it.
-    clusters: HashMap<u64, u32>,
+    /// The cluster ranges of the writes that may be allocating (one entry per write at work,
+    /// whatever its length).
+    writes: Vec<RangeInclusive<u64>>,
     /// Zeroings under way (rare; they count for every cluster).
     zeroings: u32,
-}
-
-/// The clusters of `offset..offset + len`, for clusters of `1 << bits` bytes.
-fn clusters(offset: u64, len: u64, bits: u32) -> std::ops::RangeInclusive<u64> {
-    (offset >> bits)..=((offset + len.max(1) - 1) >> bits)
 }
 
 impl Unpersisted {
@@ -35,22 +33,15 @@ impl Unpersisted {
 
     /// A write that may allocate the clusters of `offset..offset + len` begins.
     pub fn add_write(&self, offset: u64, len: u64, bits: u32) {
-        let mut inner = self.lock();
-        for c in clusters(offset, len, bits) {
-            *inner.clusters.entry(c).or_default() += 1;
-        }
+        self.lock().writes.push(clusters(offset, len, bits));
     }
 
     /// That write completed.
     pub fn remove_write(&self, offset: u64, len: u64, bits: u32) {
+        let range = clusters(offset, len, bits);
         let mut inner = self.lock();
-        for c in clusters(offset, len, bits) {
-            if let Some(n) = inner.clusters.get_mut(&c) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.clusters.remove(&c);
-                }
-            }
+        if let Some(i) = inner.writes.iter().position(|r| *r == range) {
+            inner.writes.swap_remove(i);
         }
     }
 
@@ -72,10 +63,13 @@ impl Unpersisted {
 
     /// Whether a mapping of `offset..offset + len` may not be in the image file yet.
     pub fn touches(&self, offset: u64, len: u64, bits: u32) -> bool {
+        let range = clusters(offset, len, bits);
         let inner = self.lock();
         inner.zeroings > 0
-            || (!inner.clusters.is_empty()
-                && clusters(offset, len, bits).any(|c| inner.clusters.contains_key(&c)))
+            || inner
+                .writes
+                .iter()
+                .any(|r| r.start() <= range.end() && range.start() <= r.end())
     }
 }
 
