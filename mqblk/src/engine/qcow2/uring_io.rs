@@ -403,15 +403,23 @@ mod tests {
 
     #[test]
     fn a_write_on_another_thread_ends_the_wait() {
-        let r = reactor();
-        let wake = r.wake.clone();
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            rustix::io::write(&*wake, &1u64.to_ne_bytes()).unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // The waiting ring on a thread of its own: a wake-up that did not end the wait fails
+        // the test after a timeout instead of hanging it.
+        std::thread::spawn(move || {
+            let r = reactor();
+            let wake = r.wake.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                rustix::io::write(&*wake, &1u64.to_ne_bytes()).unwrap();
+            });
+            // Nothing in flight but the wake-up read: only the other thread ends this.
+            r.wait().unwrap();
+            done_tx.send(r.wake_disarmed.get()).unwrap();
         });
-        // Nothing in flight but the wake-up read: only the other thread ends this.
-        r.wait().unwrap();
-        assert!(r.wake_disarmed.get());
-        t.join().unwrap();
+        let woken = done_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the wait did not end");
+        assert!(woken);
     }
 }
