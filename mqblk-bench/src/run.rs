@@ -111,7 +111,14 @@ pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
         .arg(format!("cluster_size={QCOW2_CLUSTER}"))
         .arg(raw)
         .arg(&image);
-    run_qemu_img(cmd)
+    run_qemu_img(cmd)?;
+    // qemu-img writes through the page cache, and the dirty pages would stay for half a
+    // minute: an O_DIRECT read asked not to block (as io_uring first asks) refuses a range
+    // with dirty pages, and the ring hands it to a worker thread. The samples would measure
+    // that writeback, not the image, while the raw image (synced when it is made) did not.
+    File::open(&image)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", image.display()))
 }
 
 /// Makes `overlay` anew: an empty qcow2 image over the raw image `raw` (by its absolute path,
