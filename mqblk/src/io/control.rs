@@ -34,7 +34,15 @@ impl IoThread {
                     self.generations[local] = self.generations[local].wrapping_add(1);
                     let generation = self.generations[local];
                     let tracked = inflight.is_some();
-                    let vq = Vq::new(index, queue, kick, call, generation, inflight);
+                    let vq = Vq::new(
+                        index,
+                        queue,
+                        kick,
+                        call,
+                        generation,
+                        inflight,
+                        self.mem.as_deref(),
+                    );
                     let kick_fd = vq.kick_fd();
                     self.queues[local] = Some(vq);
                     let token = Token::Kick {
@@ -165,6 +173,7 @@ impl IoThread {
             }
             let _ = reply.send(());
             for q in self.queues.iter_mut().flatten() {
+                q.remap(self.mem.as_deref());
                 q.pending = true;
             }
         }

@@ -15,6 +15,8 @@
 //!
 //! The files, one stage each: `thread` (the loop only), `ring` (io_uring setup, tokens,
 //! accounting, registration), `vq` (popping, used entries, notification decisions),
+//! `ring_view` (the avail index and used ring at host addresses, translated once per memory
+//! table),
 //! [`slots`] (the slot table and iovec mapping), `inflight` (the in-flight region a restarted
 //! backend resubmits from), `submit` (staging, merging, starting I/O), `qos` (admission
 //! through the QoS buckets an export's threads share, and the waiting queues' timer),
@@ -40,6 +42,7 @@ mod migration;
 mod policy;
 mod qos;
 mod ring;
+mod ring_view;
 pub mod slots;
 pub mod split;
 pub(crate) mod stats;

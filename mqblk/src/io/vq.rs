@@ -9,13 +9,15 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::num::Wrapping;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 
 use virtio_queue::{DescriptorChain, Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::inflight::InflightQueue;
+use super::ring_view::RingView;
 use super::slots::SlotId;
 use super::GuestMemory;
 use crate::log_limit::LogLimiter;
@@ -68,10 +70,16 @@ pub struct Vq {
     /// This round (an iteration of the I/O thread's loop) already decided whether to notify
     /// early (`take_early_notification`).
     early_decided: bool,
+    /// The rings at host addresses, for the memory table the thread holds (None: through
+    /// vm-memory).
+    view: Option<RingView>,
+    /// Used entries added since the last EVENT_IDX decision (`needs_notification`).
+    added: Wrapping<u16>,
 }
 
 impl Vq {
-    /// A queue just started, with requests possibly already waiting.
+    /// A queue just started, with requests possibly already waiting; `mem` is the memory table
+    /// its thread holds.
     pub fn new(
         index: usize,
         queue: Queue,
@@ -79,8 +87,10 @@ impl Vq {
         call: Option<File>,
         generation: u16,
         track: Option<InflightQueue>,
+        mem: Option<&GuestMemory>,
     ) -> Self {
         let room = usize::from(queue.size());
+        let view = mem.and_then(|m| RingView::new(&queue, m));
         Vq {
             index,
             queue,
@@ -97,6 +107,20 @@ impl Vq {
             snapshot: 0,
             used_since_notify: 0,
             early_decided: false,
+            view,
+            added: Wrapping(0),
+        }
+    }
+
+    /// The thread took another memory table: the rings' host addresses are found in it.
+    pub fn remap(&mut self, mem: Option<&GuestMemory>) {
+        self.view = mem.and_then(|m| RingView::new(&self.queue, m));
+    }
+
+    fn avail_idx(&self, mem: &GuestMemory) -> Result<Wrapping<u16>, virtio_queue::Error> {
+        match &self.view {
+            Some(v) => Ok(Wrapping(v.avail_idx())),
+            None => self.queue.avail_idx(mem, Ordering::Acquire),
         }
     }
 
@@ -137,10 +161,7 @@ impl Vq {
     }
 
     fn take_snapshot(&mut self, mem: &GuestMemory) -> Result<(), &'static str> {
-        let idx = self
-            .queue
-            .avail_idx(mem, Ordering::Acquire)
-            .map_err(|_| "avail ring unreadable")?;
+        let idx = self.avail_idx(mem).map_err(|_| "avail ring unreadable")?;
         let ahead = (idx - Wrapping(self.queue.next_avail())).0;
         if ahead > self.queue.size() {
             return Err("avail index more than the queue size ahead");
@@ -186,8 +207,7 @@ impl Vq {
         if !self.takes_requests() {
             return false;
         }
-        let found = matches!(self.queue.avail_idx(mem, Ordering::Acquire),
-            Ok(idx) if idx.0 != self.queue.next_avail());
+        let found = matches!(self.avail_idx(mem), Ok(idx) if idx.0 != self.queue.next_avail());
         self.pending |= found;
         found
     }
@@ -223,7 +243,22 @@ impl Vq {
         if let Some(t) = self.track.as_ref() {
             t.before_used(head);
         }
-        let r = self.queue.add_used(mem, head, len);
+        let r = match &self.view {
+            // virtio-queue's checks and order, on the translated ring.
+            Some(_) if head >= self.queue.size() => {
+                Err(virtio_queue::Error::InvalidDescriptorIndex)
+            }
+            Some(v) => {
+                let at = self.queue.next_used();
+                v.put_used(at, head, len);
+                self.queue.set_next_used(at.wrapping_add(1));
+                Ok(())
+            }
+            None => self.queue.add_used(mem, head, len),
+        };
+        if r.is_ok() {
+            self.added += 1;
+        }
         if let Some(t) = self.track.as_ref() {
             t.after_used(head, self.queue.next_used());
         }
@@ -257,10 +292,38 @@ impl Vq {
         if !std::mem::take(&mut self.used_added) {
             return None;
         }
-        if self.call.is_none() || !self.queue.needs_notification(mem).unwrap_or(true) {
+        if self.call.is_none() || !self.needs_notification(mem).unwrap_or(true) {
             return None;
         }
         Some(std::mem::take(&mut self.used_since_notify))
+    }
+
+    /// virtio-queue's `needs_notification`, over the entries counted here (the translated
+    /// ring's are not counted by the queue): with EVENT_IDX, whether `used_event` lies among
+    /// the used indices published since the last decision (the Linux driver's rule); without
+    /// it, always.
+    fn needs_notification(&mut self, mem: &GuestMemory) -> Result<bool, &'static str> {
+        let used_idx = Wrapping(self.queue.next_used());
+        // The used index written before used_event is read.
+        fence(Ordering::SeqCst);
+        if !self.queue.event_idx_enabled() {
+            return Ok(true);
+        }
+        let used_event = match &self.view {
+            Some(v) => v.used_event(),
+            None => {
+                let at = (self.queue.avail_ring())
+                    .checked_add(4 + 2 * u64::from(self.queue.size()))
+                    .map(GuestAddress)
+                    .ok_or("avail ring out of range")?;
+                u16::from_le(
+                    mem.load(at, Ordering::Relaxed)
+                        .map_err(|_| "avail ring unreadable")?,
+                )
+            }
+        };
+        let added = std::mem::take(&mut self.added);
+        Ok(used_idx - Wrapping(used_event) - Wrapping(1) < added)
     }
 }
 
@@ -275,14 +338,30 @@ mod tests {
         File::from(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap())
     }
 
-    fn setup(mem: &GuestMemory, event_idx: bool) -> (MockSplitQueue<'_, GuestMemory>, Vq) {
+    /// A queue of 16 entries; `translated`: through a [`RingView`], else through vm-memory.
+    fn setup(
+        mem: &GuestMemory,
+        event_idx: bool,
+        translated: bool,
+    ) -> (MockSplitQueue<'_, GuestMemory>, Vq) {
         let mock = MockSplitQueue::new(mem, 16);
         let mut q: Queue = mock.create_queue().unwrap();
         // The mock places the used ring over the avail ring's tail (where used_event lives):
         // move it clear.
         q.set_used_ring_address(Some(0x8000), Some(0));
         q.set_event_idx(event_idx);
-        (mock, Vq::new(0, q, eventfd(), Some(eventfd()), 1, None))
+        let mut vq = Vq::new(0, q, eventfd(), Some(eventfd()), 1, None, Some(mem));
+        assert!(vq.view.is_some(), "the mock's rings lie in one region");
+        if !translated {
+            vq.remap(None);
+        }
+        (mock, vq)
+    }
+
+    /// Runs `check` on a queue's ring through a [`RingView`] and through vm-memory.
+    fn both_ways(check: fn(bool)) {
+        check(true);
+        check(false);
     }
 
     fn chains(mock: &MockSplitQueue<'_, GuestMemory>, n: u16) {
@@ -301,66 +380,72 @@ mod tests {
 
     #[test]
     fn pops_up_to_the_in_flight_limit_and_resumes() {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
-        let (mock, mut vq) = setup(&mem, false);
-        chains(&mock, 3);
-        vq.begin_pop(&mem).unwrap();
-        let mut heads = Vec::new();
-        loop {
-            match vq.pop(&mem, 2) {
-                Pop::Chain(c) => heads.push(c.head_index()),
-                Pop::Full => break,
-                _ => panic!("expected two chains, then full"),
+        both_ways(|translated| {
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let (mock, mut vq) = setup(&mem, false, translated);
+            chains(&mock, 3);
+            vq.begin_pop(&mem).unwrap();
+            let mut heads = Vec::new();
+            loop {
+                match vq.pop(&mem, 2) {
+                    Pop::Chain(c) => heads.push(c.head_index()),
+                    Pop::Full => break,
+                    _ => panic!("expected two chains, then full"),
+                }
             }
-        }
-        assert_eq!(heads.len(), 2);
-        assert!(vq.pending, "held at the limit: pops again later");
-        vq.pending = false;
-        vq.add_used(&mem, heads[0], 0, 2).unwrap();
-        assert!(vq.pending, "a completion at the limit lets popping resume");
-        assert!(matches!(vq.pop(&mem, 2), Pop::Chain(_)));
-        assert!(matches!(vq.pop(&mem, 2), Pop::Empty | Pop::Full));
+            assert_eq!(heads.len(), 2);
+            assert!(vq.pending, "held at the limit: pops again later");
+            vq.pending = false;
+            vq.add_used(&mem, heads[0], 0, 2).unwrap();
+            assert!(vq.pending, "a completion at the limit lets popping resume");
+            assert!(matches!(vq.pop(&mem, 2), Pop::Chain(_)));
+            assert!(matches!(vq.pop(&mem, 2), Pop::Empty | Pop::Full));
+        });
     }
 
     #[test]
     fn an_index_too_far_ahead_breaks_the_queue() {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
-        let (mock, mut vq) = setup(&mem, false);
-        mock.avail().idx().store(17);
-        assert!(vq.begin_pop(&mem).is_err());
-        mock.avail().idx().store(16);
-        assert!(vq.begin_pop(&mem).is_ok());
+        both_ways(|translated| {
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let (mock, mut vq) = setup(&mem, false, translated);
+            mock.avail().idx().store(17);
+            assert!(vq.begin_pop(&mem).is_err());
+            mock.avail().idx().store(16);
+            assert!(vq.begin_pop(&mem).is_ok());
+        });
     }
 
     #[test]
     fn notifications_follow_event_idx() {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
-        let (mock, mut vq) = setup(&mem, true);
-        chains(&mock, 4);
-        let heads = pop_all(&mem, &mut vq);
-        assert_eq!(heads.len(), 4);
-        assert_eq!(vq.take_notification(&mem), None, "nothing used yet");
-        // The guest asks to be told once the used index passes 1.
-        set_used_event(&mock, &mem, 1);
-        vq.add_used(&mem, heads[0], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_notification(&mem),
-            None,
-            "used idx 1 does not pass used_event 1"
-        );
-        vq.add_used(&mem, heads[1], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_notification(&mem),
-            Some(2),
-            "used idx 2 passes used_event 1, with 2 used"
-        );
-        vq.add_used(&mem, heads[2], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_notification(&mem),
-            None,
-            "already told; used_event not moved"
-        );
-        assert_eq!(vq.take_notification(&mem), None, "no new used entry");
+        both_ways(|translated| {
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let (mock, mut vq) = setup(&mem, true, translated);
+            chains(&mock, 4);
+            let heads = pop_all(&mem, &mut vq);
+            assert_eq!(heads.len(), 4);
+            assert_eq!(vq.take_notification(&mem), None, "nothing used yet");
+            // The guest asks to be told once the used index passes 1.
+            set_used_event(&mock, &mem, 1);
+            vq.add_used(&mem, heads[0], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_notification(&mem),
+                None,
+                "used idx 1 does not pass used_event 1"
+            );
+            vq.add_used(&mem, heads[1], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_notification(&mem),
+                Some(2),
+                "used idx 2 passes used_event 1, with 2 used"
+            );
+            vq.add_used(&mem, heads[2], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_notification(&mem),
+                None,
+                "already told; used_event not moved"
+            );
+            assert_eq!(vq.take_notification(&mem), None, "no new used entry");
+        });
     }
 
     /// The guest's used_event (the u16 after the avail ring's 16 entries): notify once the used
@@ -382,45 +467,49 @@ mod tests {
 
     #[test]
     fn an_early_notification_at_a_rounds_first_entry_replaces_the_one_after_its_last() {
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
-        let (mock, mut vq) = setup(&mem, true);
-        chains(&mock, 4);
-        let heads = pop_all(&mem, &mut vq);
-        // used_event 0: the guest sleeps until the first entry is used.
-        vq.add_used(&mem, heads[0], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_early_notification(&mem),
-            Some(1),
-            "the round's first entry"
-        );
-        vq.add_used(&mem, heads[1], 0, 16).unwrap();
-        assert_eq!(vq.take_early_notification(&mem), None, "once per round");
-        vq.add_used(&mem, heads[2], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_notification(&mem),
-            None,
-            "the guest has not re-armed used_event: the round's end sends nothing more"
-        );
-        // The guest woke, took 3 entries and sleeps until the next one.
-        set_used_event(&mock, &mem, 3);
-        vq.add_used(&mem, heads[3], 0, 16).unwrap();
-        assert_eq!(
-            vq.take_early_notification(&mem),
-            Some(3),
-            "a new round decides afresh; the notification counts every entry since the last"
-        );
+        both_ways(|translated| {
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let (mock, mut vq) = setup(&mem, true, translated);
+            chains(&mock, 4);
+            let heads = pop_all(&mem, &mut vq);
+            // used_event 0: the guest sleeps until the first entry is used.
+            vq.add_used(&mem, heads[0], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_early_notification(&mem),
+                Some(1),
+                "the round's first entry"
+            );
+            vq.add_used(&mem, heads[1], 0, 16).unwrap();
+            assert_eq!(vq.take_early_notification(&mem), None, "once per round");
+            vq.add_used(&mem, heads[2], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_notification(&mem),
+                None,
+                "the guest has not re-armed used_event: the round's end sends nothing more"
+            );
+            // The guest woke, took 3 entries and sleeps until the next one.
+            set_used_event(&mock, &mem, 3);
+            vq.add_used(&mem, heads[3], 0, 16).unwrap();
+            assert_eq!(
+                vq.take_early_notification(&mem),
+                Some(3),
+                "a new round decides afresh; the notification counts every entry since the last"
+            );
+        });
     }
 
     #[test]
     fn no_early_notification_without_event_idx() {
-        // Without EVENT_IDX the guest would get a second notification after the round.
-        let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
-        let (mock, mut vq) = setup(&mem, false);
-        chains(&mock, 2);
-        let heads = pop_all(&mem, &mut vq);
-        vq.add_used(&mem, heads[0], 0, 16).unwrap();
-        assert_eq!(vq.take_early_notification(&mem), None);
-        vq.add_used(&mem, heads[1], 0, 16).unwrap();
-        assert_eq!(vq.take_notification(&mem), Some(2));
+        both_ways(|translated| {
+            // Without EVENT_IDX the guest would get a second notification after the round.
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let (mock, mut vq) = setup(&mem, false, translated);
+            chains(&mock, 2);
+            let heads = pop_all(&mem, &mut vq);
+            vq.add_used(&mem, heads[0], 0, 16).unwrap();
+            assert_eq!(vq.take_early_notification(&mem), None);
+            vq.add_used(&mem, heads[1], 0, 16).unwrap();
+            assert_eq!(vq.take_notification(&mem), Some(2));
+        });
     }
 }
