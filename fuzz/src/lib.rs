@@ -25,7 +25,7 @@ pub mod dirty_log;
 pub mod memory_table;
 
 use arbitrary::Arbitrary;
-use mqblk::blk::chain::ChainWalker;
+use mqblk::blk::chain::{ChainWalker, HostTable};
 use mqblk::blk::{self, Kind, Limits, Rejected, Request, Scratch, Segment};
 use mqblk::io::slots::{map_segments, IOV_MAX};
 use virtio_bindings::virtio_blk::*;
@@ -452,6 +452,15 @@ pub fn run_queue_with(input: &Input, seen: &mut Observer<'_>) -> (usize, usize) 
     let mut scratch = Scratch::with_capacity(limits.max_descriptors);
     let mut segs = Vec::with_capacity(limits.max_descriptors);
     let (mut popped, mut ok) = (0usize, 0usize);
+    // The descriptor table at its host address, as the I/O thread reads it (io::ring_view).
+    let host_table = mem
+        .get_slice(GuestAddress(base + DESC_OFF), 16 * usize::from(qsize))
+        .ok()
+        .and_then(|s| std::ptr::NonNull::new(s.ptr_guard_mut().as_ptr()))
+        .filter(|p| p.as_ptr().addr() % 16 == 0)
+        // SAFETY: the table lies in one region of `mem` (get_slice), which outlives every
+        // walk below; 16-aligned (checked).
+        .map(|p| unsafe { HostTable::new(p, qsize) });
     // A ring can hold at most `qsize` chains: popping more would mean reading entries twice.
     while let Some(chain) = q.pop_descriptor_chain(&mem) {
         popped += 1;
@@ -469,6 +478,18 @@ pub fn run_queue_with(input: &Input, seen: &mut Observer<'_>) -> (usize, usize) 
             theirs.len() == ours.len() && theirs.iter().zip(&ours).all(|(a, b)| same_desc(a, b)),
             "ChainWalker disagrees with virtio-queue at head {head}:\n{theirs:?}\n{ours:?}"
         );
+        // So must the walk the I/O thread makes, reading the table at its host address.
+        if let Some(host) = host_table {
+            let hosted: Vec<Descriptor> =
+                ChainWalker::new(&mem, GuestAddress(base + DESC_OFF), qsize, head)
+                    .with_host_table(Some(host))
+                    .collect();
+            assert!(
+                hosted.len() == ours.len()
+                    && hosted.iter().zip(&ours).all(|(a, b)| same_desc(a, b)),
+                "the host-table walk disagrees at head {head}:\n{hosted:?}\n{ours:?}"
+            );
+        }
         let res = blk::parse(chain, &mem, &limits, &mut scratch, &mut segs);
         assert!(
             segs.len() <= limits.max_descriptors,

@@ -1,15 +1,17 @@
-//! A started queue's avail index, used ring and `used_event` at host addresses, translated
-//! once per memory table instead of at every access.
+//! A started queue's rings at host addresses, translated once per memory table instead of at
+//! every access: the avail index and entries, `used_event`, the used ring and its index, and
+//! the descriptor table.
 //!
-//! The I/O thread reads the avail index at every poll and every pop round, and writes a used
-//! entry, the used index and (with EVENT_IDX) reads `used_event` for every request. Through
-//! vm-memory each of those finds the guest address's region and builds a volatile slice: in
-//! the I/O thread's profile (null engine, 1 job, docs/PERFORMANCE.md section 12c) address
-//! translation took 21% and the avail index loads 15%. Here each is one atomic access.
+//! For every request the I/O thread reads the avail index (at every poll, too) and an avail
+//! entry, walks the request's descriptors, writes a used entry and the used index and (with
+//! EVENT_IDX) reads `used_event`. Through vm-memory each of those finds the guest address's
+//! region and builds a volatile slice: in the I/O thread's profile (null engine, 1 job,
+//! docs/PERFORMANCE.md section 12c) address translation took 21% and the avail index loads
+//! 15%. Here each is one atomic access or one 16-byte copy.
 //!
-//! Only these fixed places are translated; descriptors and request headers still go through
-//! vm-memory (virtio-queue's chain walk). A ring that does not lie within one region gets no
-//! view, and its queue keeps the vm-memory path.
+//! Only the rings are translated; indirect tables and the request's header and buffers still
+//! go through vm-memory. A queue whose rings do not each lie within one region gets no view,
+//! and keeps the vm-memory path.
 //!
 //! The guest writes the avail ring while the thread reads it, and reads the used ring while
 //! the thread writes it: every access is atomic, with the orderings virtio-queue uses for the
@@ -22,6 +24,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::GuestMemory;
+use crate::blk::chain::HostTable;
 
 /// Bytes before the avail ring's entries (flags, idx), and per entry.
 const AVAIL_HEADER: u64 = 4;
@@ -29,6 +32,8 @@ const AVAIL_ENTRY: u64 = 2;
 /// Bytes before the used ring's entries (flags, idx), and per entry (id, len).
 const USED_HEADER: u64 = 4;
 const USED_ENTRY: u64 = 8;
+/// Bytes per descriptor.
+const DESCRIPTOR: u64 = 16;
 
 /// Host pointers to the fields of one queue's rings that the I/O thread touches per request.
 ///
@@ -39,12 +44,16 @@ const USED_ENTRY: u64 = 8;
 pub struct RingView {
     /// The avail ring's `idx`.
     avail_idx: NonNull<AtomicU16>,
+    /// The avail ring's first entry (`size` little-endian u16 heads).
+    avail_entries: NonNull<AtomicU16>,
     /// `used_event`, after the avail ring's entries (read only with EVENT_IDX).
     used_event: NonNull<AtomicU16>,
     /// The used ring's `idx`.
     used_idx: NonNull<AtomicU16>,
     /// The used ring's first entry: `size` pairs of little-endian u32 (id, len).
     used_entries: NonNull<AtomicU32>,
+    /// The descriptor table.
+    descriptors: HostTable,
     size: u16,
 }
 
@@ -65,16 +74,20 @@ impl RingView {
         let used_len = USED_HEADER + USED_ENTRY * u64::from(size) + 2;
         let avail = host_range(mem, queue.avail_ring(), avail_len, 2)?;
         let used = host_range(mem, queue.used_ring(), used_len, 4)?;
+        let table = host_range(mem, queue.desc_table(), DESCRIPTOR * u64::from(size), 16)?;
         // SAFETY: each offset is within the range just checked to be mapped (`host_range`),
-        // and keeps the alignment checked there (2 for the avail ring, 4 for the used ring).
+        // and keeps the alignment checked there (2 for the avail ring, 4 for the used ring, 16
+        // for the table); the mapping outlives the view (the type's comment).
         unsafe {
             Some(RingView {
                 avail_idx: avail.byte_add(2).cast(),
+                avail_entries: avail.byte_add(AVAIL_HEADER as usize).cast(),
                 used_event: avail
                     .byte_add((AVAIL_HEADER + AVAIL_ENTRY * u64::from(size)) as usize)
                     .cast(),
                 used_idx: used.byte_add(2).cast(),
                 used_entries: used.byte_add(USED_HEADER as usize).cast(),
+                descriptors: HostTable::new(table, size),
                 size,
             })
         }
@@ -90,6 +103,22 @@ impl RingView {
     #[inline]
     pub fn avail_idx(&self) -> u16 {
         u16::from_le(self.field(self.avail_idx).load(Ordering::Acquire))
+    }
+
+    /// The head the guest put at position `at` of the avail ring (its validity is the
+    /// walk's to check). Acquire, as virtio-queue reads it.
+    #[inline]
+    pub fn avail_entry(&self, at: u16) -> u16 {
+        // SAFETY: `at % size < size`: within the avail ring's entries (checked mapped and
+        // 2-aligned in `new`), which outlive the view.
+        let entry = unsafe { self.avail_entries.add(usize::from(at % self.size)).as_ref() };
+        u16::from_le(entry.load(Ordering::Acquire))
+    }
+
+    /// The descriptor table, for a chain walk.
+    #[inline]
+    pub fn descriptors(&self) -> HostTable {
+        self.descriptors
     }
 
     /// The guest's `used_event` (EVENT_IDX).
@@ -143,6 +172,12 @@ mod tests {
 
         mock.avail().idx().store(7);
         assert_eq!(view.avail_idx(), 7);
+        mock.avail().ring().ref_at(3).unwrap().store(11);
+        assert_eq!(
+            view.avail_entry(3 + 16),
+            11,
+            "position 19 of 16 entries is entry 3"
+        );
         assert_eq!(
             view.avail_idx(),
             q.avail_idx(&mem, Ordering::Acquire).unwrap().0

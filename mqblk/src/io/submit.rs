@@ -11,10 +11,8 @@ use super::split::plan;
 use super::thread::IoThread;
 use super::vq::Pop;
 use super::{GuestMemory, MAX_MERGE_BYTES};
-use crate::blk::chain::ChainWalker;
 use crate::blk::{self, Kind, Status};
 use crate::engine::{Op, Started};
-use virtio_queue::QueueT;
 
 impl IoThread {
     /// Pops and stages what the queues have, waiting a little for more under heavy load
@@ -71,8 +69,7 @@ impl IoThread {
         loop {
             let q = self.queues[local].as_mut().expect("caller checked");
             match q.pop(&mem, max_in_flight) {
-                Pop::Chain(chain) => {
-                    let head = chain.head_index();
+                Pop::Chain { head, chain } => {
                     if let Some(id) = self.start_request(local, head, chain, &mem) {
                         // The one test an export without limits pays per request.
                         if !qos || self.admit(local, id) {
@@ -107,8 +104,7 @@ impl IoThread {
         for &head in heads {
             let q = self.queues[local].as_mut().expect("just started");
             q.in_flight += 1;
-            let (table, size) = (q.queue.desc_table(), q.queue.size());
-            let chain = ChainWalker::new(&*mem, vm_memory::GuestAddress(table), size, head);
+            let chain = q.walk(&mem, head);
             if let Some(id) = self.start_request(local, head, chain, &mem) {
                 // Waiting requests keep their order: admit queues each behind the first.
                 if self.admit(local, id) {

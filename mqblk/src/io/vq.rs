@@ -13,19 +13,25 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::inflight::InflightQueue;
 use super::ring_view::RingView;
 use super::slots::SlotId;
 use super::GuestMemory;
+use crate::blk::chain::ChainWalker;
 use crate::log_limit::LogLimiter;
 
 /// What popping a queue found.
 pub enum Pop<'m> {
-    /// A request's descriptor chain.
-    Chain(DescriptorChain<&'m GuestMemory>),
+    /// A request: its head and its descriptor chain.
+    Chain {
+        /// The chain's head index (not yet checked against the queue size: the walk does).
+        head: u16,
+        /// The walk of its descriptors.
+        chain: ChainWalker<'m, GuestMemory>,
+    },
     /// Nothing new in the avail ring.
     Empty,
     /// As many requests in flight as the queue holds: wait for completions.
@@ -186,15 +192,34 @@ impl Vq {
             self.pending = true;
             return Pop::Full;
         }
-        let Some(chain) = self.queue.pop_descriptor_chain(mem) else {
-            return Pop::Broken("avail ring unreadable");
+        let head = match &self.view {
+            Some(v) => {
+                let at = self.queue.next_avail();
+                self.queue.set_next_avail(at.wrapping_add(1));
+                v.avail_entry(at)
+            }
+            None => match self.queue.pop_descriptor_chain(mem) {
+                Some(chain) => chain.head_index(),
+                None => return Pop::Broken("avail ring unreadable"),
+            },
         };
         self.snapshot -= 1;
         self.in_flight += 1;
         if let Some(t) = self.track.as_mut() {
-            t.on_fetch(chain.head_index());
+            t.on_fetch(head);
         }
-        Pop::Chain(chain)
+        Pop::Chain {
+            head,
+            chain: self.walk(mem, head),
+        }
+    }
+
+    /// The walk of the chain at `head`: through the descriptor table's host address where
+    /// the queue has a view, else through vm-memory.
+    pub fn walk<'m>(&self, mem: &'m GuestMemory, head: u16) -> ChainWalker<'m, GuestMemory> {
+        let table = GuestAddress(self.queue.desc_table());
+        ChainWalker::new(mem, table, self.queue.size(), head)
+            .with_host_table(self.view.as_ref().map(RingView::descriptors))
     }
 
     /// Whether this queue is popped now: it is serving and no request waits for admission.
@@ -388,7 +413,15 @@ mod tests {
             let mut heads = Vec::new();
             loop {
                 match vq.pop(&mem, 2) {
-                    Pop::Chain(c) => heads.push(c.head_index()),
+                    Pop::Chain { head, chain } => {
+                        // The mock's chains are one descriptor each, in order.
+                        let descs: Vec<_> = chain.collect();
+                        assert_eq!(descs.len(), 1);
+                        let i = heads.len() as u64;
+                        assert_eq!(descs[0].addr().0, 0x10_000 + i * 0x1000);
+                        assert_eq!(descs[0].len(), 0x200);
+                        heads.push(head);
+                    }
                     Pop::Full => break,
                     _ => panic!("expected two chains, then full"),
                 }
@@ -398,7 +431,7 @@ mod tests {
             vq.pending = false;
             vq.add_used(&mem, heads[0], 0, 2).unwrap();
             assert!(vq.pending, "a completion at the limit lets popping resume");
-            assert!(matches!(vq.pop(&mem, 2), Pop::Chain(_)));
+            assert!(matches!(vq.pop(&mem, 2), Pop::Chain { .. }));
             assert!(matches!(vq.pop(&mem, 2), Pop::Empty | Pop::Full));
         });
     }
@@ -459,8 +492,8 @@ mod tests {
     fn pop_all(mem: &GuestMemory, vq: &mut Vq) -> Vec<u16> {
         vq.begin_pop(mem).unwrap();
         let mut heads = Vec::new();
-        while let Pop::Chain(c) = vq.pop(mem, 16) {
-            heads.push(c.head_index());
+        while let Pop::Chain { head, .. } = vq.pop(mem, 16) {
+            heads.push(head);
         }
         heads
     }
