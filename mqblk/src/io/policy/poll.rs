@@ -114,8 +114,8 @@ impl PollPolicy {
         self.hits = 0;
     }
 
-    /// A poll found work after `_polled_ns`.
-    pub fn on_poll_hit(&mut self, _polled_ns: u64) {
+    /// A poll found work.
+    pub fn on_poll_hit(&mut self) {
         self.end_of_window(true);
     }
 
@@ -175,7 +175,7 @@ mod tests {
     fn epoch(p: &mut PollPolicy, hits: u32) {
         for i in 0..EPOCH {
             if i < hits {
-                p.on_poll_hit(1_000);
+                p.on_poll_hit();
             } else {
                 p.on_poll_miss();
             }
