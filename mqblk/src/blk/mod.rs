@@ -3,6 +3,7 @@
 
 pub mod chain;
 pub mod config_space;
+pub mod guest_bytes;
 pub mod request;
 
 pub use config_space::{ConfigSpace, Geometry, CONFIG_SPACE_LEN, CONFIG_WRITEBACK_OFFSET};

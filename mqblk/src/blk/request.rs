@@ -10,6 +10,7 @@
 //! several device-readable descriptors, and the status byte is the last byte of the last
 //! descriptor, which may also carry data.
 
+use super::guest_bytes;
 use virtio_bindings::virtio_blk::*;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
@@ -346,7 +347,7 @@ where
             return Err(reject(Reason::BadHeader, st, Status::IoErr));
         }
         let take = (HEADER_LEN - got).min(p.len as usize);
-        if mem.read_slice(&mut hdr[got..got + take], p.addr).is_err() {
+        if !guest_bytes::read(mem, p.addr, &mut hdr[got..got + take]) {
             return Err(reject(Reason::UnreadableHeader, st, Status::IoErr));
         }
         got += take;

@@ -8,7 +8,7 @@ use super::slots::SlotId;
 use super::split::PartDone;
 use super::thread::IoThread;
 use super::GuestMemory;
-use crate::blk::{self, Kind, ReqType, Segment, Status};
+use crate::blk::{self, guest_bytes, Kind, ReqType, Segment, Status};
 
 /// A request being answered: where its used entry goes, and what the counters book.
 pub(super) struct Answered {
@@ -159,7 +159,7 @@ impl IoThread {
     ) {
         let Answered { local, head, .. } = req;
         let written = match status_addr {
-            Some(addr) if mem.write_obj(status as u8, addr).is_ok() => Some(addr),
+            Some(addr) if guest_bytes::write_byte(mem, addr, status as u8) => Some(addr),
             _ => None,
         };
         let used_len = if written.is_some() { used_len } else { 0 };
