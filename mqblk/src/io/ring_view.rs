@@ -9,8 +9,9 @@
 //! docs/PERFORMANCE.md section 12c) address translation took 21% and the avail index loads
 //! 15%. Here each is one atomic access or one 16-byte copy.
 //!
-//! Only the rings are translated; indirect tables and the request's header and buffers still
-//! go through vm-memory. A queue whose rings do not each lie within one region gets no view,
+//! Only the rings are translated once. Indirect tables, a request's header and status byte
+//! (`blk::guest_bytes`) and its buffers (`slots::map_segments`) are looked up in the memory
+//! table at each request. A queue whose rings do not each lie within one region gets no view,
 //! and keeps the vm-memory path.
 //!
 //! The guest writes the avail ring while the thread reads it, and reads the used ring while
@@ -56,10 +57,6 @@ pub struct RingView {
     descriptors: HostTable,
     size: u16,
 }
-
-// SAFETY: the pointers are to shared guest memory, accessed only atomically; the view moves
-// with its queue to the I/O thread that owns it, and is used there only.
-unsafe impl Send for RingView {}
 
 impl RingView {
     /// The view of `queue`'s rings in `mem`, or None if either ring does not lie in one
