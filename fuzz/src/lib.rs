@@ -26,6 +26,7 @@ pub mod memory_table;
 
 use arbitrary::Arbitrary;
 use mqblk::blk::chain::{ChainWalker, HostTable};
+use mqblk::blk::guest_bytes::host_range;
 use mqblk::blk::{self, Kind, Limits, Rejected, Request, Scratch, Segment};
 use mqblk::io::slots::{map_segments, IOV_MAX};
 use virtio_bindings::virtio_blk::*;
@@ -453,12 +454,10 @@ pub fn run_queue_with(input: &Input, seen: &mut Observer<'_>) -> (usize, usize) 
     let mut segs = Vec::with_capacity(limits.max_descriptors);
     let (mut popped, mut ok) = (0usize, 0usize);
     // The descriptor table at its host address, as the I/O thread reads it (io::ring_view).
-    let host_table = mem
-        .get_slice(GuestAddress(base + DESC_OFF), 16 * usize::from(qsize))
-        .ok()
-        .and_then(|s| std::ptr::NonNull::new(s.ptr_guard_mut().as_ptr()))
+    let host_table = host_range(&mem, GuestAddress(base + DESC_OFF), 16 * usize::from(qsize))
+        .and_then(std::ptr::NonNull::new)
         .filter(|p| p.as_ptr().addr() % 16 == 0)
-        // SAFETY: the table lies in one region of `mem` (get_slice), which outlives every
+        // SAFETY: the table lies in one region of `mem` (host_range), which outlives every
         // walk below; 16-aligned (checked).
         .map(|p| unsafe { HostTable::new(p, qsize) });
     // A ring can hold at most `qsize` chains: popping more would mean reading entries twice.

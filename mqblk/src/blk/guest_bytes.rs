@@ -15,7 +15,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryReg
 
 /// The host address of guest bytes `addr..addr + len`, if they lie in one region.
 #[inline]
-fn host_range<M: GuestMemoryBackend + ?Sized>(
+pub fn host_range<M: GuestMemoryBackend + ?Sized>(
     mem: &M,
     addr: GuestAddress,
     len: usize,

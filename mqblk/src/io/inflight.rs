@@ -284,7 +284,7 @@ impl InflightQueue {
 
     /// Call after the used ring's idx became `used_idx` with `head`'s element in it.
     pub fn after_used(&self, head: u16, used_idx: u16) {
-        // The used idx store (by virtio-queue, Release) precedes these in program order.
+        // The used idx store (Release, by `Vq::add_used`) precedes these in program order.
         fence(Ordering::SeqCst);
         if self.covers(head) {
             self.inflight(head).store(0, Ordering::Release);

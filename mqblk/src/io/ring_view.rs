@@ -22,10 +22,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend};
+use vm_memory::GuestAddress;
 
 use super::GuestMemory;
 use crate::blk::chain::HostTable;
+use crate::blk::guest_bytes;
 
 /// Bytes before the avail ring's entries (flags, idx), and per entry.
 const AVAIL_HEADER: u64 = 4;
@@ -35,6 +36,11 @@ const USED_HEADER: u64 = 4;
 const USED_ENTRY: u64 = 8;
 /// Bytes per descriptor.
 const DESCRIPTOR: u64 = 16;
+
+/// Where `used_event` lies in the avail ring of a queue of `size` entries: after them.
+pub fn used_event_offset(size: u16) -> u64 {
+    AVAIL_HEADER + AVAIL_ENTRY * u64::from(size)
+}
 
 /// Host pointers to the fields of one queue's rings that the I/O thread touches per request.
 ///
@@ -67,7 +73,7 @@ impl RingView {
             return None;
         }
         // The avail ring with used_event after its entries; the used ring with avail_event.
-        let avail_len = AVAIL_HEADER + AVAIL_ENTRY * u64::from(size) + 2;
+        let avail_len = used_event_offset(size) + 2;
         let used_len = USED_HEADER + USED_ENTRY * u64::from(size) + 2;
         let avail = host_range(mem, queue.avail_ring(), avail_len, 2)?;
         let used = host_range(mem, queue.used_ring(), used_len, 4)?;
@@ -79,9 +85,7 @@ impl RingView {
             Some(RingView {
                 avail_idx: avail.byte_add(2).cast(),
                 avail_entries: avail.byte_add(AVAIL_HEADER as usize).cast(),
-                used_event: avail
-                    .byte_add((AVAIL_HEADER + AVAIL_ENTRY * u64::from(size)) as usize)
-                    .cast(),
+                used_event: avail.byte_add(used_event_offset(size) as usize).cast(),
                 used_idx: used.byte_add(2).cast(),
                 used_entries: used.byte_add(USED_HEADER as usize).cast(),
                 descriptors: HostTable::new(table, size),
@@ -147,10 +151,9 @@ impl RingView {
 /// The host address of guest bytes `addr..addr + len`, if they lie in one region of `mem` and
 /// that address is `align`-aligned.
 fn host_range(mem: &GuestMemory, addr: u64, len: u64, align: usize) -> Option<NonNull<u8>> {
-    let slice = mem
-        .get_slice(GuestAddress(addr), usize::try_from(len).ok()?)
-        .ok()?;
-    NonNull::new(slice.ptr_guard_mut().as_ptr()).filter(|p| p.as_ptr().addr() % align == 0)
+    let len = usize::try_from(len).ok()?;
+    NonNull::new(guest_bytes::host_range(mem, GuestAddress(addr), len)?)
+        .filter(|p| p.as_ptr().addr() % align == 0)
 }
 
 #[cfg(test)]
@@ -180,7 +183,8 @@ mod tests {
             q.avail_idx(&mem, Ordering::Acquire).unwrap().0
         );
 
-        let used_event = mock.avail_addr().0 + AVAIL_HEADER + AVAIL_ENTRY * 16;
+        // The mock's rings are virtio-queue's own layout: used_event after 16 entries.
+        let used_event = mock.avail_addr().0 + 4 + 2 * 16;
         mem.write_obj(0x1234u16, GuestAddress(used_event)).unwrap();
         assert_eq!(view.used_event(), 0x1234);
 

@@ -17,7 +17,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::inflight::InflightQueue;
-use super::ring_view::RingView;
+use super::ring_view::{self, RingView};
 use super::slots::SlotId;
 use super::GuestMemory;
 use crate::blk::chain::ChainWalker;
@@ -338,7 +338,7 @@ impl Vq {
             Some(v) => v.used_event(),
             None => {
                 let at = (self.queue.avail_ring())
-                    .checked_add(4 + 2 * u64::from(self.queue.size()))
+                    .checked_add(ring_view::used_event_offset(self.queue.size()))
                     .map(GuestAddress)
                     .ok_or("avail ring out of range")?;
                 u16::from_le(
@@ -361,6 +361,11 @@ mod tests {
 
     fn eventfd() -> File {
         File::from(rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap())
+    }
+
+    /// 1 MiB of guest memory in one region.
+    fn guest_memory() -> GuestMemory {
+        GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap()
     }
 
     /// A queue of 16 entries; `translated`: through a [`RingView`], else through vm-memory.
@@ -406,7 +411,7 @@ mod tests {
     #[test]
     fn pops_up_to_the_in_flight_limit_and_resumes() {
         both_ways(|translated| {
-            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let mem = guest_memory();
             let (mock, mut vq) = setup(&mem, false, translated);
             chains(&mock, 3);
             vq.begin_pop(&mem).unwrap();
@@ -433,13 +438,17 @@ mod tests {
             assert!(vq.pending, "a completion at the limit lets popping resume");
             assert!(matches!(vq.pop(&mem, 2), Pop::Chain { .. }));
             assert!(matches!(vq.pop(&mem, 2), Pop::Empty | Pop::Full));
+            // A head the guest made up, past the queue, gets no used entry.
+            let next_used = vq.queue.next_used();
+            assert!(vq.add_used(&mem, 16, 0, 2).is_err());
+            assert_eq!(vq.queue.next_used(), next_used);
         });
     }
 
     #[test]
     fn an_index_too_far_ahead_breaks_the_queue() {
         both_ways(|translated| {
-            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let mem = guest_memory();
             let (mock, mut vq) = setup(&mem, false, translated);
             mock.avail().idx().store(17);
             assert!(vq.begin_pop(&mem).is_err());
@@ -451,7 +460,7 @@ mod tests {
     #[test]
     fn notifications_follow_event_idx() {
         both_ways(|translated| {
-            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let mem = guest_memory();
             let (mock, mut vq) = setup(&mem, true, translated);
             chains(&mock, 4);
             let heads = pop_all(&mem, &mut vq);
@@ -501,7 +510,7 @@ mod tests {
     #[test]
     fn an_early_notification_at_a_rounds_first_entry_replaces_the_one_after_its_last() {
         both_ways(|translated| {
-            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let mem = guest_memory();
             let (mock, mut vq) = setup(&mem, true, translated);
             chains(&mock, 4);
             let heads = pop_all(&mem, &mut vq);
@@ -535,7 +544,7 @@ mod tests {
     fn no_early_notification_without_event_idx() {
         both_ways(|translated| {
             // Without EVENT_IDX the guest would get a second notification after the round.
-            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 0x100_000)]).unwrap();
+            let mem = guest_memory();
             let (mock, mut vq) = setup(&mem, false, translated);
             chains(&mock, 2);
             let heads = pop_all(&mem, &mut vq);

@@ -16,7 +16,8 @@ pub fn clusters(offset: u64, len: u64, bits: u32) -> RangeInclusive<u64> {
     (offset >> bits)..=((offset + len.max(1) - 1) >> bits)
 }
 
-fn overlap(a: &RangeInclusive<u64>, b: &RangeInclusive<u64>) -> bool {
+/// Whether two cluster ranges share a cluster.
+pub fn overlap(a: &RangeInclusive<u64>, b: &RangeInclusive<u64>) -> bool {
     a.start() <= b.end() && b.start() <= a.end()
 }
 

@@ -9,7 +9,7 @@
 use std::ops::RangeInclusive;
 use std::sync::Mutex;
 
-use super::locks::clusters;
+use super::locks::{clusters, overlap};
 
 /// Guest clusters being allocated, and zeroings under way.
 #[derive(Default)]
@@ -65,11 +65,7 @@ impl Unpersisted {
     pub fn touches(&self, offset: u64, len: u64, bits: u32) -> bool {
         let range = clusters(offset, len, bits);
         let inner = self.lock();
-        inner.zeroings > 0
-            || inner
-                .writes
-                .iter()
-                .any(|r| r.start() <= range.end() && range.start() <= r.end())
+        inner.zeroings > 0 || inner.writes.iter().any(|r| overlap(r, &range))
     }
 }
 
