@@ -41,10 +41,19 @@ impl BenchResults {
             "- host: {} CPUs, {}, kernel {}, load average at start {}",
             h.nproc, h.cpu_model, h.kernel, h.loadavg
         );
-        let format = if o.engine == EngineKind::Uring {
-            format!(", format {}", o.format.name())
-        } else {
-            String::new()
+        let format = match o.engine {
+            EngineKind::Uring => format!(", format {}", o.format.name()),
+            EngineKind::Null if !o.read_zeroes => {
+                ", reads leave the buffers as they are (`--read-zeroes off`: mqblk's and QSD's \
+                 `read-zeroes=off`; SPDK's null bdev never zeroes)"
+                    .to_string()
+            }
+            EngineKind::Null if o.backends.contains(&Backend::Spdk) => {
+                ", reads zero the buffers on mqblk and QSD (SPDK's null bdev leaves them as they \
+                 are; `--read-zeroes off` compares the same work)"
+                    .to_string()
+            }
+            _ => String::new(),
         };
         let _ = writeln!(
             s,

@@ -26,8 +26,8 @@ pub struct BenchArgs {
     /// (one AioContext serves all queues: per-queue maps to its mq).
     #[arg(long, default_value = "baseline,mq,per-queue")]
     pub mode: String,
-    /// Storage engine: null (completes at once, reads give zeros; QSD: null-co with
-    /// read-zeroes=on), uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
+    /// Storage engine: null (completes at once, reads give zeros unless --read-zeroes off;
+    /// QSD: null-co), uring (io_uring on --path with O_DIRECT; QSD: file, aio=io_uring,
     /// cache.direct=on) or rbd (the Ceph RBD image --rbd, librbd's cache off; QSD: rbd,
     /// cache.direct=on; mqblk must be built with --features rbd) or nvme (mqblk's NVMe
     /// passthrough engine on the namespace's character device --path /dev/ngXnY; QSD and native
@@ -35,6 +35,11 @@ pub struct BenchArgs {
     /// block device with mqblk's uring engine instead, for the comparison; reads only).
     #[arg(long, default_value = "null")]
     pub engine: String,
+    /// Null engine: whether reads fill the client's buffers with zeroes, on mqblk
+    /// (`read-zeroes=`) and QSD (null-co's `read-zeroes=`) alike. SPDK's null bdev never does:
+    /// `off` compares the three on the same work.
+    #[arg(long, default_value = "on", value_name = "on|off", value_parser = ["on", "off"])]
+    pub read_zeroes: String,
     /// The RBD image for the rbd engine, as POOL/IMAGE. Created at --size and filled with data
     /// (by the rbd tool) if missing; an existing image is used at its size.
     #[arg(long, value_name = "POOL/IMAGE")]
@@ -275,6 +280,8 @@ pub struct BenchOptions {
     /// The clients (vhost-user frontends) that drive mqblk and qsd.
     #[serde(serialize_with = "ser_drivers")]
     pub clients: Vec<Driver>,
+    /// Null engine reads zero the buffers (mqblk and QSD).
+    pub read_zeroes: bool,
     /// Client poll queues.
     pub client_poll: bool,
     /// QSD export in an IOThread.
@@ -416,6 +423,13 @@ impl BenchOptions {
         } else {
             None
         };
+        if engine != EngineKind::Null && a.read_zeroes != "on" {
+            return Err(format!(
+                "--read-zeroes {}: for --engine null, not --engine {}",
+                a.read_zeroes,
+                engine.name()
+            ));
+        }
         if !backends.contains(&Backend::Qsd) && a.qsd_iothread {
             return Err("--qsd-iothread without --backend qsd".into());
         }
@@ -497,6 +511,7 @@ impl BenchOptions {
             out: a.out.clone(),
             mqblk_opts,
             clients,
+            read_zeroes: a.read_zeroes == "on",
             client_poll: a.client_poll,
             qsd_iothread: a.qsd_iothread,
             qsd_bin: a.qsd_bin.clone(),

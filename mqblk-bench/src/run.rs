@@ -576,6 +576,50 @@ mod tests {
     }
 
     #[test]
+    fn read_zeroes_off_reaches_mqblk_and_qsd_and_only_the_null_engine_takes_it() {
+        let spec_and_qsd = |flags: &str| {
+            let o = crate::options::test_options(&format!(
+                "--backend mqblk,qsd --engine null --mode mq --jobs 1 {flags}"
+            ))
+            .unwrap();
+            let env = RunEnv::new(&o, None, 1 << 30).unwrap();
+            let points = o.points();
+            let arg_of = |cmd: std::process::Command, prefix: &str| {
+                cmd.get_args()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .find(|a| a.starts_with(prefix))
+                    .unwrap()
+            };
+            let mqblk = points.iter().find(|p| p.backend == Backend::Mqblk).unwrap();
+            let qsd = points.iter().find(|p| p.backend == Backend::Qsd).unwrap();
+            (
+                arg_of(
+                    env.mqblk_command(mqblk, Path::new("/s"), Path::new("/st")),
+                    "socket=",
+                ),
+                arg_of(env.qsd_command(qsd, Path::new("/s")), "driver=null-co"),
+            )
+        };
+        let (spec, qsd) = spec_and_qsd("");
+        assert!(!spec.contains("read-zeroes"), "{spec}");
+        assert!(qsd.ends_with(",read-zeroes=on"), "{qsd}");
+        let (spec, qsd) = spec_and_qsd("--read-zeroes off");
+        assert!(
+            spec.ends_with(",engine=null,size=1073741824,read-zeroes=off"),
+            "{spec}"
+        );
+        assert!(qsd.ends_with(",read-zeroes=off"), "{qsd}");
+        assert!(crate::options::test_options("--engine null --read-zeroes maybe").is_err());
+        let uring = crate::options::test_options("--engine uring --read-zeroes off")
+            .err()
+            .unwrap();
+        assert!(
+            uring.contains("--read-zeroes off: for --engine null"),
+            "{uring}"
+        );
+    }
+
+    #[test]
     fn qcow2_runs_serve_the_qcow2_image_and_raw_variants_the_raw_one() {
         let args = |format: &str| {
             format!(

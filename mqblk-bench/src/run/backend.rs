@@ -70,7 +70,12 @@ impl RunEnv<'_> {
                     }
                 }
             }
-            _ => spec.push_str(&format!(",engine=null,size={}", self.size)),
+            _ => {
+                spec.push_str(&format!(",engine=null,size={}", self.size));
+                if !o.read_zeroes {
+                    spec.push_str(",read-zeroes=off");
+                }
+            }
         }
         // `bin=PATH` picks the mqblk executable for this variant (A/B of two builds in one
         // run), `stats-dir=` where its stats file goes (see `run_point`), `sandbox=` its
@@ -154,8 +159,9 @@ impl RunEnv<'_> {
             }
             (Some(img), EngineKind::Uring | EngineKind::Nvme) => vec![file_node("n0", img)],
             _ => vec![format!(
-                "driver=null-co,node-name=n0,size={},read-zeroes=on",
-                self.size
+                "driver=null-co,node-name=n0,size={},read-zeroes={}",
+                self.size,
+                if o.read_zeroes { "on" } else { "off" }
             )],
         };
         let mut export = format!(

@@ -423,6 +423,11 @@ const GENERAL: &[Key] = &[
         direct,
         "O_DIRECT (default on; if the filesystem refuses it, mqblk says so: pass `direct=off`); with engine=rbd, on turns librbd's cache off (as QEMU's `cache.direct=on` does) and off turns it on",
     ),
+    on_off_key!(
+        "read-zeroes",
+        read_zeroes,
+        "engine=null only: a read fills the buffers with zeroes (default on); off leaves them as they were, as QEMU's null-co with `read-zeroes=off` and SPDK's null bdev do, so that a benchmark against those measures the same work",
+    ),
     field_key!(
         "serial",
         "STRING",

@@ -161,6 +161,8 @@ pub struct ExportConfig {
     pub direct: bool,
     /// GET_ID answer.
     pub serial: String,
+    /// engine=null: whether a read fills the guest's buffers with zeroes.
+    pub read_zeroes: bool,
     /// Polling, batch-wait and merging settings.
     pub tuning: Tuning,
     /// QoS limits and throttle group; `None` when no QoS key is given.
@@ -190,6 +192,7 @@ impl Default for ExportConfig {
             readonly: false,
             direct: true,
             serial: "mqblk".into(),
+            read_zeroes: true,
             tuning: Tuning::default(),
             qos: None,
             rbd: RbdConfig::default(),
@@ -312,6 +315,9 @@ impl ExportConfig {
         }
         if self.engine != EngineKind::Rbd {
             self.refuse_keys(rbd::KEYS, "only engine=rbd takes this key")?;
+        }
+        if self.engine != EngineKind::Null {
+            self.refuse_keys(&["read-zeroes"], "only engine=null takes this key")?;
         }
         if !self.cpus.is_empty() && self.cpus.len() < self.num_threads() {
             return Err(ConfigError::Invalid {
@@ -570,6 +576,17 @@ mod tests {
         assert!(e("path=p").contains("socket=PATH is required"));
         assert!(e("socket=s").contains("path=PATH is required"));
         assert!(e("socket=s,engine=null").contains("size=BYTES is required"));
+        let zeroes = e("socket=s,path=p,read-zeroes=off");
+        assert!(
+            zeroes.contains("read-zeroes") && zeroes.contains("only engine=null"),
+            "{zeroes}"
+        );
+        assert!(e("socket=s,engine=null,size=1M,read-zeroes=maybe").contains("on or off"));
+        assert!(
+            !parse_export_spec("socket=s,engine=null,size=1M,read-zeroes=off")
+                .unwrap()
+                .read_zeroes
+        );
         assert!(
             e("socket=s,engine=foo").contains("engine=foo")
                 && e("socket=s,engine=foo").contains("uring, null, mem, rbd or nvme")

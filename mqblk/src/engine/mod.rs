@@ -340,7 +340,7 @@ pub enum OpenError {
 pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
     let size = cfg.size.unwrap_or(0);
     Ok(match cfg.engine {
-        EngineKind::Null => Box::new(NullEngine::new(size)),
+        EngineKind::Null => Box::new(NullEngine::new(size, cfg.read_zeroes)),
         EngineKind::Mem => Box::new(mem::open(size)?),
         EngineKind::Uring if cfg.format == ImageFormat::Qcow2 => Box::new(qcow2::open(cfg)?),
         EngineKind::Uring => {
@@ -443,5 +443,15 @@ mod tests {
         let started = unsafe { ch.start(&read, 1) };
         assert!(matches!(started, Started::Done(8192)));
         assert!(buf.iter().all(|&b| b == 0));
+
+        // With read-zeroes=off the buffers keep what they held, and the read still counts.
+        let e = open(&parse_export_spec("socket=s,engine=null,size=4M,read-zeroes=off").unwrap())
+            .unwrap();
+        let mut ch = e.channel().unwrap();
+        buf.fill(0xaa);
+        // SAFETY: as above.
+        let started = unsafe { ch.start(&read, 2) };
+        assert!(matches!(started, Started::Done(8192)));
+        assert!(buf.iter().all(|&b| b == 0xaa));
     }
 }

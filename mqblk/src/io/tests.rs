@@ -612,7 +612,7 @@ fn dirty_logging_cost_on_the_null_engine() {
         tuning: Tuning::default(),
         throttle: None,
     };
-    let mut t = spawn(cfg, Arc::new(crate::engine::NullEngine::new(MEM))).unwrap();
+    let mut t = spawn(cfg, Arc::new(crate::engine::NullEngine::new(MEM, true))).unwrap();
     let (tx, rx) = sync_channel(1);
     t.send(Command::SetMem {
         mem: Some(mem.clone()),
