@@ -292,3 +292,31 @@ fn early_notification_is_counted_and_off_sends_none() {
     let h = on.used_per_notify();
     assert_eq!(h.iter().map(|b| b.1).sum::<u64>(), on.notifies, "{on:?}");
 }
+
+#[test]
+fn a_polling_thread_notifies_requests_answered_at_once_with_a_write_of_its_own() {
+    // At iodepth 1 a round answers one request and queues nothing else. The null engine
+    // answers at once, so a polling thread signals the call eventfd with write(2) instead of
+    // an io_uring_enter that would carry the notification alone; a thread that sleeps after
+    // each round (poll=off) lets its sleep's enter carry it. The mem engine answers through
+    // the ring (the device's completion), and keeps the entry.
+    let mut w = Workload::new("unset");
+    w.num_queues = 1;
+    w.jobs = 1;
+    w.iodepth = 1;
+    w.block_size = 4096;
+    w.runtime = Some(Duration::from_millis(300));
+    let null = "engine=null,queues=1,notify-early=off";
+    let (r, polled) = serve_and_run(&format!("{null},poll=on"), w.clone());
+    assert!(r.clean() && r.ios > 0, "{r}");
+    assert!(polled.alone_notifies > 0, "{polled:?}");
+    assert!(polled.alone_notifies <= polled.notifies, "{polled:?}");
+    let (r, off) = serve_and_run(&format!("{null},poll=off"), w.clone());
+    assert!(r.clean() && r.ios > 0, "{r}");
+    assert!(off.notifies > 0, "{off:?}");
+    assert_eq!(off.alone_notifies, 0, "{off:?}");
+    let (r, ring) = serve_and_run("engine=mem,queues=1,notify-early=off,poll=on", w);
+    assert!(r.clean() && r.ios > 0, "{r}");
+    assert!(ring.notifies > 0, "{ring:?}");
+    assert_eq!(ring.alone_notifies, 0, "{ring:?}");
+}

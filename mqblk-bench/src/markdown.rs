@@ -95,7 +95,7 @@ impl BenchResults {
              *in flight* (the mean number of requests at the engine while the client ran, against \
              jobs × iodepth: how full the device was kept), req/submit (requests per \
              io_uring_enter that carried I/O), merges/I/O, notif/I/O and syscalls/I/O (the I/O \
-             threads' io_uring_enter calls of any kind and the write(2) of each early notification) are mqblk's own counters. *others' CPU* is the CPU \
+             threads' io_uring_enter calls of any kind and the write(2) of each notification sent outside the ring) are mqblk's own counters. *others' CPU* is the CPU \
              that other processes used meanwhile (from /proc/stat, in % of all CPUs): where it is \
              high, the point was disturbed.\n"
         );

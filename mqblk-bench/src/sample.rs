@@ -22,8 +22,8 @@ pub struct MqblkCounters {
     pub notifies_per_io: Option<f64>,
     /// kicks / requests.
     pub kicks_per_io: Option<f64>,
-    /// (enters + early_notifies) / requests: the I/O threads' syscalls per I/O (io_uring_enter,
-    /// and the write(2) of each early notification).
+    /// (enters + early_notifies + alone_notifies) / requests: the I/O threads' syscalls per
+    /// I/O (io_uring_enter, and the write(2) of each notification not sent through the ring).
     pub enters_per_io: Option<f64>,
     /// Mean requests in flight at the engine while the client ran (all I/O threads): how
     /// full the backend kept the device, to compare with jobs × iodepth.
@@ -40,7 +40,7 @@ impl MqblkCounters {
             merges_per_io: per(c.merges, c.requests),
             notifies_per_io: per(c.notifies, c.requests),
             kicks_per_io: per(c.kicks, c.requests),
-            enters_per_io: per(c.enters + c.early_notifies, c.requests),
+            enters_per_io: per(c.enters + c.early_notifies + c.alone_notifies, c.requests),
             in_flight: None,
             counters: c,
         }

@@ -374,6 +374,12 @@ impl Collector for Snapshot {
         )?;
         counter(
             enc,
+            "mqblk_thread_alone_notifications_total",
+            help.alone_notifies,
+            self.per_thread(|c| c.alone_notifies),
+        )?;
+        counter(
+            enc,
             "mqblk_thread_kicks_total",
             help.kicks,
             self.per_thread(|c| c.kicks),

@@ -149,6 +149,9 @@ counters! {
     /// Of those, the ones sent at a round's first used entry (`io::policy::notify`), each a
     /// write(2) of its own rather than an io_uring entry.
     early_notifies,
+    /// Of those, the ones written with write(2) in place of an io_uring_enter that would have
+    /// carried nothing else, for requests the engine answered at once (`IoThread::notify`).
+    alone_notifies,
     /// Bytes read or written.
     bytes,
     /// Requests folded into another request's host I/O.

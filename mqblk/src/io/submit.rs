@@ -377,7 +377,10 @@ impl IoThread {
                 }
             }
             Started::Pending => {}
-            Started::Done(res) => self.complete_io(lead, res, false),
+            Started::Done(res) => {
+                self.answered_at_once = true;
+                self.complete_io(lead, res, false)
+            }
         }
     }
 
