@@ -35,6 +35,20 @@ impl HostTable {
         HostTable { ptr, len }
     }
 
+    /// Asks the CPU to start loading descriptor `i` and the two after it (a chain as a driver
+    /// usually lays it out: header, data, status), so that a walk of it soon after finds them
+    /// in cache: the guest wrote them on another CPU. A hint only; nothing is read.
+    #[inline]
+    pub fn prefetch(&self, i: u16) {
+        if i >= self.len {
+            return;
+        }
+        let at = self.ptr.as_ptr().wrapping_add(usize::from(i) * 16);
+        prefetch_line(at);
+        // The chain's third descriptor ends 48 bytes on: it may lie in the next line.
+        prefetch_line(at.wrapping_add(47));
+    }
+
     /// Descriptor `i`, if the table has it. The guest may be writing it meanwhile (a driver
     /// that breaks the rules): the copy is taken once, and only the copy is checked and used.
     fn get(&self, i: u16) -> Option<Descriptor> {
@@ -58,6 +72,21 @@ impl HostTable {
             (rest >> 48) as u16,
         ))
     }
+}
+
+/// Starts loading the cache line of `p` (x86-64; elsewhere nothing). A prefetch reads no
+/// memory the program sees and cannot fault, whatever `p` is.
+#[inline(always)]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: PREFETCHT0 is a hint: it never faults and changes nothing visible, so any
+        // address is fine (SSE, which it needs, is part of x86-64).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Iterator over the descriptors of the chain starting at `head`.

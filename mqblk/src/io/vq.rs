@@ -196,6 +196,10 @@ impl Vq {
             Some(v) => {
                 let at = self.queue.next_avail();
                 self.queue.set_next_avail(at.wrapping_add(1));
+                if self.snapshot > 1 {
+                    // The next request's descriptors load while this one is handled.
+                    v.descriptors().prefetch(v.avail_entry(at.wrapping_add(1)));
+                }
                 v.avail_entry(at)
             }
             None => match self.queue.pop_descriptor_chain(mem) {
