@@ -155,18 +155,23 @@ impl BenchResults {
             &self.reference_ratios(),
             "## Same-run ratios (medians)",
             &[
-                "QSD reference: the QSD mapping with the highest median IOPS at that point.",
-                "*paired*: the IOPS ratio within each repeat (the two points ran next to each \
+                "QSD reference: the QSD mapping with the highest median IOPS at that point; \
+                 SPDK's: its point driven by the same client.",
+                "*paired*: the ratio within each repeat (the two points ran next to each \
                  other), median and min–max over repeats.",
             ],
             (
-                "IOPS / QSD | CPU per I/O / QSD | IOPS / native fio | paired IOPS / native fio |",
-                "---:|---:|---:|---:|",
+                "IOPS / QSD | CPU per I/O / QSD | paired IOPS / QSD | paired IOPS / SPDK | \
+                 paired CPU per I/O / SPDK | IOPS / native fio | paired IOPS / native fio |",
+                "---:|---:|---:|---:|---:|---:|---:|",
             ),
             |r| {
                 [
                     MARKDOWN.times(r.iops_vs_qsd),
                     MARKDOWN.times(r.cpu_vs_qsd),
+                    MARKDOWN.times_range(r.iops_vs_qsd_paired, 2),
+                    MARKDOWN.times_range(r.iops_vs_spdk_paired, 2),
+                    MARKDOWN.times_range(r.cpu_vs_spdk_paired, 2),
                     MARKDOWN.times(r.iops_vs_native),
                     MARKDOWN.times_range(r.iops_vs_native_paired, 2),
                 ]

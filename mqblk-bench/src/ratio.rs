@@ -1,6 +1,6 @@
 //! Same-run comparisons: each mqblk point against the best QSD point (serving the same image
-//! format) and native fio of its group, and a `--mqblk-opts` variant against the first, per
-//! repeat where they ran side by side.
+//! format), SPDK's and native fio's of its group, and a `--mqblk-opts` variant against the
+//! first, per repeat where they ran side by side.
 
 use serde::Serialize;
 
@@ -27,6 +27,14 @@ pub struct Ratio {
     pub iops_vs_qsd: Option<f64>,
     /// Median backend CPU per I/O / QSD's.
     pub cpu_vs_qsd: Option<f64>,
+    /// IOPS / QSD's IOPS within each repeat: median and min–max over repeats.
+    pub iops_vs_qsd_paired: Option<Stat>,
+    /// The SPDK point compared with (driven by the same client).
+    pub spdk: Option<String>,
+    /// IOPS / SPDK's IOPS within each repeat: median and min–max over repeats.
+    pub iops_vs_spdk_paired: Option<Stat>,
+    /// Backend CPU per I/O / SPDK's, within each repeat.
+    pub cpu_vs_spdk_paired: Option<Stat>,
     /// Median IOPS / native fio's median IOPS.
     pub iops_vs_native: Option<f64>,
     /// IOPS / native fio's IOPS within each repeat (the two ran next to each other in time,
@@ -53,9 +61,11 @@ pub(crate) fn ratios(points: &[PointResult]) -> Vec<Ratio> {
 }
 
 impl Ratio {
-    /// Whether the point had a QSD point or native fio to compare with.
+    /// Whether the point had a QSD point, SPDK or native fio to compare with.
     pub fn has_references(&self) -> bool {
-        self.iops_vs_qsd.is_some() || self.iops_vs_native.is_some()
+        self.iops_vs_qsd.is_some()
+            || self.iops_vs_spdk_paired.is_some()
+            || self.iops_vs_native.is_some()
     }
 
     fn of(p: &PointResult, points: &[PointResult]) -> Ratio {
@@ -78,6 +88,8 @@ impl Ratio {
                     .partial_cmp(&median_iops(b))
                     .unwrap_or(std::cmp::Ordering::Equal)
             });
+        let spdk = group()
+            .find(|q| q.config.backend == Backend::Spdk && q.config.client == p.config.client);
         let native = group().find(|q| q.config.backend == Backend::Native);
         let first_variant = group().find(|q| {
             q.config.backend == Backend::Mqblk
@@ -96,6 +108,11 @@ impl Ratio {
             qsd: qsd.map(|q| q.label.clone()),
             iops_vs_qsd: qsd.and_then(|q| median_ratio(p, q, iops)),
             cpu_vs_qsd: qsd.and_then(|q| median_ratio(p, q, cpu)),
+            iops_vs_qsd_paired: qsd.and_then(|q| paired(&p.samples, &q.samples)),
+            spdk: spdk.map(|q| q.label.clone()),
+            iops_vs_spdk_paired: spdk.and_then(|q| paired(&p.samples, &q.samples)),
+            cpu_vs_spdk_paired: spdk
+                .and_then(|q| paired_by(&p.samples, &q.samples, |s| s.backend_cpu_s_per_mio)),
             iops_vs_native: native.and_then(|q| median_ratio(p, q, iops)),
             iops_vs_native_paired: native.and_then(|q| paired(&p.samples, &q.samples)),
             first_variant: first_variant.map(|q| q.label.clone()),
@@ -213,6 +230,41 @@ mod tests {
     }
 
     #[test]
+    fn spdk_is_compared_per_repeat_with_the_series_of_its_client() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["bin/vhost", "scripts/rpc.py"] {
+            let path = dir.path().join(f);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+        let at = |repeat: usize, iops: f64, cpu: f64| Sample {
+            repeat,
+            ..Sample::test(iops, cpu)
+        };
+        // mqblk per-queue, then spdk mq: two repeats each.
+        let samples = vec![
+            vec![at(0, 300.0, 1.0), at(1, 200.0, 2.0)],
+            vec![at(0, 200.0, 2.0), at(1, 250.0, 2.0)],
+        ];
+        let args = format!(
+            "--backend mqblk,spdk --spdk-dir {} --client frontend --mode per-queue --jobs 1",
+            dir.path().display()
+        );
+        let r = BenchResults::test(&args, samples);
+        let m = &r.ratios[0];
+        assert_eq!(m.spdk.as_deref(), Some("spdk mq"));
+        let iops = m.iops_vs_spdk_paired.unwrap();
+        assert_eq!((iops.min, iops.max), (0.8, 1.5));
+        let cpu = m.cpu_vs_spdk_paired.unwrap();
+        assert_eq!((cpu.min, cpu.max), (0.5, 1.0));
+        assert!(m.iops_vs_qsd.is_none());
+        let md = r.markdown();
+        assert!(md.contains("paired IOPS / SPDK"), "{md}");
+        assert!(md.contains("1.15x (0.80–1.50)"), "{md}");
+        assert!(r.table().contains("IOPS/spdk"), "{}", r.table());
+    }
+
+    #[test]
     fn ratios_against_best_qsd_and_native() {
         // mqblk baseline, mqblk per-queue, qsd baseline, qsd mq, native.
         let samples = vec![
@@ -233,6 +285,8 @@ mod tests {
         assert_eq!(pq.iops_vs_native, Some(0.75));
         let paired = pq.iops_vs_native_paired.unwrap();
         assert_eq!((paired.median, paired.min, paired.max), (0.75, 0.75, 0.75));
+        assert_eq!(pq.iops_vs_qsd_paired.unwrap().median, 1.5);
+        assert!(pq.spdk.is_none() && pq.iops_vs_spdk_paired.is_none());
         let md = r.markdown();
         assert!(md.contains("| mqblk per-queue | 2 | 300 |"), "{md}");
         assert!(md.contains("1.50x"), "{md}");
