@@ -431,12 +431,7 @@ mod tests {
 
     #[test]
     fn each_client_is_a_series_and_spdk_gets_the_frontend() {
-        let dir = tempfile::tempdir().unwrap();
-        for f in ["bin/vhost", "scripts/rpc.py"] {
-            let path = dir.path().join(f);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, "").unwrap();
-        }
+        let dir = crate::spdk::fake_build();
         let o = test_options(&format!(
             "--backend mqblk,qsd,spdk --spdk-dir {} --client libblkio,frontend --mode mq --jobs 1",
             dir.path().display()

@@ -641,12 +641,7 @@ mod tests {
 
     #[test]
     fn spdk_needs_its_build_and_an_engine_it_has() {
-        let dir = tempfile::tempdir().unwrap();
-        for f in ["bin/vhost", "scripts/rpc.py"] {
-            let path = dir.path().join(f);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, "").unwrap();
-        }
+        let dir = crate::spdk::fake_build();
         let d = dir.path().display();
         let o = test_options(&format!("--backend mqblk,spdk --spdk-dir {d} --jobs 2")).unwrap();
         assert_eq!(o.spdk.as_ref().unwrap().vhost, dir.path().join("bin/vhost"));

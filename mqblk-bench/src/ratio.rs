@@ -161,10 +161,7 @@ mod tests {
 
     #[test]
     fn paired_ratios_match_repeats_and_skip_failures() {
-        let at = |repeat: usize, iops: f64| Sample {
-            repeat,
-            ..Sample::test(iops, 1.0)
-        };
+        let at = |repeat: usize, iops: f64| Sample::test_at(repeat, iops, 1.0);
         let mut failed = at(2, 0.0);
         failed.error = Some("x".into());
         let a = [at(0, 100.0), at(1, 200.0), failed];
@@ -176,10 +173,7 @@ mod tests {
 
     #[test]
     fn variants_compare_with_the_first_per_repeat() {
-        let at = |repeat: usize, iops: f64, cpu: f64| Sample {
-            repeat,
-            ..Sample::test(iops, cpu)
-        };
+        let at = Sample::test_at;
         let samples = vec![
             vec![at(0, 100.0, 2.0), at(1, 200.0, 2.0)],
             vec![at(0, 110.0, 1.0), at(1, 180.0, 3.0)],
@@ -231,16 +225,8 @@ mod tests {
 
     #[test]
     fn spdk_is_compared_per_repeat_with_the_series_of_its_client() {
-        let dir = tempfile::tempdir().unwrap();
-        for f in ["bin/vhost", "scripts/rpc.py"] {
-            let path = dir.path().join(f);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, "").unwrap();
-        }
-        let at = |repeat: usize, iops: f64, cpu: f64| Sample {
-            repeat,
-            ..Sample::test(iops, cpu)
-        };
+        let dir = crate::spdk::fake_build();
+        let at = Sample::test_at;
         // mqblk per-queue, then spdk mq: two repeats each.
         let samples = vec![
             vec![at(0, 300.0, 1.0), at(1, 200.0, 2.0)],

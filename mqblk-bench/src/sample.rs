@@ -116,4 +116,13 @@ impl Sample {
             ..Sample::default()
         }
     }
+
+    #[cfg(test)]
+    /// [`Sample::test`] as the sample of repeat `repeat`.
+    pub(crate) fn test_at(repeat: usize, iops: f64, cpu: f64) -> Sample {
+        Sample {
+            repeat,
+            ..Sample::test(iops, cpu)
+        }
+    }
 }

@@ -212,6 +212,19 @@ pub fn rpc_calls(
     vec![bdev, controller]
 }
 
+/// A directory laid out as an SPDK build (empty `bin/vhost` and `scripts/rpc.py`): enough for
+/// [`SpdkBuild::find`], for tests of the bench's options and reports.
+#[cfg(test)]
+pub(crate) fn fake_build() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["bin/vhost", "scripts/rpc.py"] {
+        let path = dir.path().join(f);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, "").unwrap();
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
