@@ -57,6 +57,10 @@ impl SpdkBuild {
         let how = "build SPDK's vhost target with `scripts/spdk-build.sh SPDK_SRC DIR` and pass \
                    --spdk-dir DIR (or set MQBLK_SPDK_DIR)";
         let dir = dir.ok_or_else(|| format!("--backend spdk needs an SPDK build: {how}"))?;
+        // Absolute: the target is started in the run's directory, where a relative path
+        // would name nothing.
+        let dir =
+            std::path::absolute(dir).map_err(|e| format!("--spdk-dir {}: {e}", dir.display()))?;
         let build = SpdkBuild {
             vhost: dir.join("bin/vhost"),
             rpc_py: dir.join("scripts/rpc.py"),
@@ -331,5 +335,24 @@ mod tests {
         std::fs::write(dir.path().join("scripts/rpc.py"), "").unwrap();
         let b = SpdkBuild::find(Some(dir.path())).unwrap();
         assert_eq!(b.vhost, dir.path().join("bin/vhost"));
+    }
+
+    #[test]
+    fn a_relative_build_directory_is_made_absolute() {
+        // The target runs in the run's directory: a relative path would not find it there.
+        let dir = fake_build();
+        let cwd = std::env::current_dir().unwrap();
+        let rel = pathdiff(dir.path(), &cwd);
+        let b = SpdkBuild::find(Some(&rel)).unwrap();
+        assert!(b.vhost.is_absolute() && b.rpc_py.is_absolute(), "{b:?}");
+        assert!(b.vhost.is_file(), "{b:?}");
+    }
+
+    /// `path` relative to `base` (both absolute), through `..` as needed.
+    fn pathdiff(path: &Path, base: &Path) -> PathBuf {
+        let up = base.components().count() - 1;
+        let mut rel: PathBuf = std::iter::repeat_n("..", up).collect();
+        rel.extend(path.components().skip(1));
+        rel
     }
 }
