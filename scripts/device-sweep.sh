@@ -17,6 +17,12 @@ jobs=${JOBS:-1,2,4,8,16}
 repeat=${REPEAT:-3}
 runtime=${RUNTIME:-3}
 mkdir -p "$out"
+# Each run's per-point logs go into one archive: a directory of hundreds of small files is more
+# than a machine lent for the sweep may hand back.
+pack_logs() {
+    [ -d "$1/logs" ] && tar -C "$1" -czf "$1/logs.tar.gz" logs && rm -rf "$1/logs"
+    return 0
+}
 {
     date -u +%FT%TZ
     nproc
@@ -34,6 +40,7 @@ if [ -x "$d/spdk/bin/vhost" ]; then
             --iodepth 32 --runtime "$runtime" --repeat "$repeat" --out "$out/spdk-sweep" 2>&1 |
             tee "$out/spdk-sweep.log" ||
             echo "the SPDK run failed (its log: $out/spdk-sweep.log); the sweep goes on"
+        pack_logs "$out/spdk-sweep"
     else
         echo "no python3 here: SPDK's rpc.py cannot configure its target; SPDK left out" |
             tee -a "$out/machine.txt"
@@ -43,6 +50,7 @@ fi
     --engine null --mode baseline,mq,per-queue --workloads randread-4k --jobs "$jobs" \
     --iodepth 32 --runtime "$runtime" --repeat "$repeat" --out "$out/null-sweep" 2>&1 |
     tee "$out/null-sweep.log"
+pack_logs "$out/null-sweep"
 # Pinned: I/O thread i on CPU n-1-i (clear of the client threads, which the scheduler places),
 # with polling, which the pinning turns on.
 n=$(nproc)
@@ -52,4 +60,5 @@ if [ "${PINNED:-0}" = 1 ] && [ "$n" -ge 16 ]; then
         --mqblk-opts '' --mqblk-opts "cpus=$((n - 8))-$((n - 1))" \
         --mqblk-opts "cpus=$((n - 8))-$((n - 1)),poll=off" \
         --out "$out/pinned" 2>&1 | tee "$out/pinned.log"
+    pack_logs "$out/pinned"
 fi
