@@ -247,7 +247,15 @@ mod tests {
         let md = r.markdown();
         assert!(md.contains("paired IOPS / SPDK"), "{md}");
         assert!(md.contains("1.15x (0.80–1.50)"), "{md}");
-        assert!(r.table().contains("IOPS/spdk"), "{}", r.table());
+        let table = r.table();
+        assert!(
+            table.contains("IOPS/spdk 1.15x (0.80-1.50, paired)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("CPU per I/O/spdk 0.75x (0.50-1.00)"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -46,9 +46,18 @@ impl BenchResults {
                         )
                     })
                     .unwrap_or_default();
+                let spdk_cpu = r
+                    .cpu_vs_spdk_paired
+                    .map(|p| {
+                        format!(
+                            "  CPU per I/O/spdk {:.2}x ({:.2}-{:.2})",
+                            p.median, p.min, p.max
+                        )
+                    })
+                    .unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "{} IOPS/qsd {:>6}  CPU per I/O/qsd {:>6}{spdk}  IOPS/native {:>6}{paired}",
+                    "{} IOPS/qsd {:>6}  CPU per I/O/qsd {:>6}{spdk}{spdk_cpu}  IOPS/native {:>6}{paired}",
                     ratio_key(r),
                     TEXT.times(r.iops_vs_qsd),
                     TEXT.times(r.cpu_vs_qsd),
