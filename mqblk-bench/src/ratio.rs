@@ -249,11 +249,11 @@ mod tests {
         assert!(md.contains("1.15x (0.80–1.50)"), "{md}");
         let table = r.table();
         assert!(
-            table.contains("IOPS/spdk 1.15x (0.80-1.50, paired)"),
+            table.contains("IOPS/spdk paired 1.15x (0.80-1.50)"),
             "{table}"
         );
         assert!(
-            table.contains("CPU per I/O/spdk 0.75x (0.50-1.00)"),
+            table.contains("CPU per I/O/spdk paired 0.75x (0.50-1.00)"),
             "{table}"
         );
     }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use crate::ratio::Ratio;
 use crate::report::{BenchResults, TEXT};
-use crate::summary::{Metric, Summary, METRICS};
+use crate::summary::{Metric, Stat, Summary, METRICS};
 
 impl BenchResults {
     /// The plain-text table printed at the end of a run.
@@ -33,28 +33,9 @@ impl BenchResults {
         if !self.reference_ratios().is_empty() {
             let _ = writeln!(s, "ratios (medians, same run)");
             for r in &self.ratios {
-                let paired = r
-                    .iops_vs_native_paired
-                    .map(|p| format!(" (paired {:.2}x, {:.2}-{:.2})", p.median, p.min, p.max))
-                    .unwrap_or_default();
-                let spdk = r
-                    .iops_vs_spdk_paired
-                    .map(|p| {
-                        format!(
-                            "  IOPS/spdk {:.2}x ({:.2}-{:.2}, paired)",
-                            p.median, p.min, p.max
-                        )
-                    })
-                    .unwrap_or_default();
-                let spdk_cpu = r
-                    .cpu_vs_spdk_paired
-                    .map(|p| {
-                        format!(
-                            "  CPU per I/O/spdk {:.2}x ({:.2}-{:.2})",
-                            p.median, p.min, p.max
-                        )
-                    })
-                    .unwrap_or_default();
+                let paired = paired_text("paired", r.iops_vs_native_paired);
+                let spdk = paired_text("IOPS/spdk paired", r.iops_vs_spdk_paired);
+                let spdk_cpu = paired_text("CPU per I/O/spdk paired", r.cpu_vs_spdk_paired);
                 let _ = writeln!(
                     s,
                     "{} IOPS/qsd {:>6}  CPU per I/O/qsd {:>6}{spdk}{spdk_cpu}  IOPS/native {:>6}{paired}",
@@ -83,6 +64,12 @@ impl BenchResults {
         }
         s
     }
+}
+
+/// `  LABEL 1.15x (0.80-1.50)` for a ratio taken per repeat, or nothing where there is none.
+fn paired_text(label: &str, x: Option<Stat>) -> String {
+    x.map(|x| format!("  {label} {}", TEXT.times_range(Some(x), 2)))
+        .unwrap_or_default()
 }
 
 /// The metrics with a column in the printed table, with its header and width.
