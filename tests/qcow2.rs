@@ -802,3 +802,90 @@ fn a_zeroing_and_a_write_into_one_new_cluster_at_once_both_land() {
     let through_qemu = read_through_qemu(&overlay, &dir.join("converted.raw"));
     assert_bytes_eq(&through_qemu, &expected, 0, "read by QEMU");
 }
+
+/// Dirty pages of `path` in `offset..offset + len`, by cachestat(2) (Linux 6.5).
+fn dirty_pages(path: &Path, offset: u64, len: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let f = std::fs::File::open(path).unwrap();
+    let range = [offset, len];
+    let mut stat = [0u64; 5]; // cache, dirty, writeback, evicted, recently evicted
+                              // SAFETY: an open descriptor, and buffers of the sizes the call reads and writes.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            f.as_raw_fd(),
+            range.as_ptr(),
+            stat.as_mut_ptr(),
+            0,
+        )
+    };
+    (r == 0).then_some(stat[1])
+}
+
+/// The big-endian u64 at `offset` of `path`, as the page cache holds it.
+fn be64_at(path: &Path, offset: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 8];
+    std::fs::File::open(path)
+        .unwrap()
+        .read_exact_at(&mut b, offset)
+        .unwrap();
+    u64::from_be_bytes(b)
+}
+
+/// qcow2's ordering holds on stable storage, not only in the kernel: when a write into a new
+/// cluster completes, the refcount block that counts the cluster is durable (a power loss
+/// cannot keep the L2 entry without it, which would let the cluster be handed out twice), and
+/// so is the L1 table that points at a new L2 table. Guest data and the entries of an L2 table
+/// stay in the cache until the guest flushes. Seen in the page cache of an image served with
+/// `direct=off` on a disk filesystem: durable pages are clean.
+#[test]
+fn refcounts_and_the_l1_table_are_durable_when_a_write_into_a_new_cluster_completes() {
+    let dir = TestDir::new();
+    if rustix::fs::statfs(dir.path()).unwrap().f_type == libc::TMPFS_MAGIC {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_TMPFS_TMP",
+            "the test directory is on a tmpfs, whose pages are never clean",
+        );
+        return;
+    }
+    let (img, sock, export) = new_qcow2(&dir, 1);
+    let mut d = Daemon::start(&dir, &[export.direct(false)]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    if dirty_pages(&img, 0, 4096).is_none() {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_NO_CACHESTAT",
+            "this kernel has no cachestat(2) to see dirty pages with",
+        );
+        return;
+    }
+    let dirty = |offset: u64| dirty_pages(&img, offset, CLUSTER).unwrap();
+    // The first write allocates the L2 table of the first 512 MiB, then its data cluster.
+    c.write(0, 3 * CLUSTER + 4096, &[0x5a; 4096]).unwrap();
+    let (l1, reftable) = (be64_at(&img, 40), be64_at(&img, 48));
+    let mask = 0x00ff_ffff_ffff_fe00;
+    let l2 = be64_at(&img, l1) & mask;
+    let refblock = be64_at(&img, reftable) & mask;
+    let data = |guest_cluster: u64| be64_at(&img, l2 + 8 * guest_cluster) & mask;
+    assert!(l2 != 0 && refblock != 0 && data(3) != 0);
+    assert_eq!(dirty(refblock), 0, "the refcount block is durable");
+    assert_eq!(dirty(l1), 0, "the L1 table is durable");
+    assert!(dirty(data(3)) > 0, "guest data waits for a flush");
+    // The second allocates only a data cluster.
+    c.write(0, 9 * CLUSTER, &[0xa5; 4096]).unwrap();
+    assert!(data(9) != 0);
+    assert_eq!(dirty(refblock), 0, "the refcount block is durable again");
+    assert!(dirty(l2) > 0, "the L2 table's entries wait for a flush");
+    c.flush(0).unwrap();
+    for (what, at) in [("L2 table", l2), ("data", data(3)), ("data", data(9))] {
+        assert_eq!(
+            dirty(at),
+            0,
+            "the {what} at {at:#x} is durable after a flush"
+        );
+    }
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+}

@@ -100,6 +100,9 @@ pub const CONTROL: &[i64] = &[
     libc::SYS_readv,
     libc::SYS_preadv,
     libc::SYS_pwritev,
+    // A qcow2 image's metadata, written through (`RWF_DSYNC`) when a control thread resizes
+    // or snapshots it.
+    libc::SYS_pwritev2,
     libc::SYS_fcntl,
     libc::SYS_ioctl,
     libc::SYS_ftruncate,

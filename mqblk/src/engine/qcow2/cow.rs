@@ -20,6 +20,7 @@ use std::os::fd::RawFd;
 
 use imago::io_buffers::{IoBuffer, IoVector};
 
+use super::data_writes;
 use super::image::{resolve, Image};
 use super::mapping::Target;
 use super::uring_io;
@@ -73,6 +74,8 @@ pub async fn write_into_new_cluster(
     if tail < size as usize {
         whole.push(rest.as_ref_range(tail..size as usize).into_slice());
     }
+    // The rest is data as much as the guest's part is (`data_writes`).
+    let _data = data_writes::register(&[rest.as_ref().into_slice()]);
     Some(image.access.writev(whole, start).await)
 }
 

@@ -11,7 +11,7 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use futures::executor::block_on;
 use imago::file::File as ImagoFile;
@@ -31,6 +31,7 @@ use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
 use super::unpersisted::Unpersisted;
+use super::write_order::WriteOrder;
 
 /// A qcow2 image through imago, as a library caller sees it.
 pub type Access = FormatAccess<RingFile>;
@@ -88,6 +89,8 @@ pub struct Image {
     /// `writes_done` as a flush read it before writing the metadata back: every write counted
     /// up to here has its metadata on stable storage.
     pub writes_durable: AtomicU64,
+    /// Which of the top file's writes may stay plain (`None` when read-only).
+    pub write_order: Option<Arc<WriteOrder>>,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OpenError {
@@ -158,6 +161,42 @@ pub async fn resolve(
             _ => (None, n),
         });
     }
+}
+
+/// What a write does to the top image's clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    /// Every cluster is the top image's own, unshared: written in place.
+    InPlace,
+    /// Some are not in the top image (they read from a backing image, or as zeros because
+    /// nothing is there): they are allocated.
+    Allocates,
+    /// Some are the top image's but cannot be written in place (compressed, shared with an
+    /// internal snapshot, explicit zeros): each is replaced by a new cluster, and the old one
+    /// may be freed.
+    Replaces,
+}
+
+/// What a write of `len` bytes at guest `offset` does to the top image's clusters.
+pub async fn write_kind(top: &Access, offset: u64, len: u64) -> std::io::Result<WriteKind> {
+    let (mut at, end, mut kind) = (offset, offset + len, WriteKind::InPlace);
+    while at < end {
+        let (mapping, n) = top.get_shallow_mapping(at, end - at).await?;
+        match mapping {
+            ShallowMapping::Raw { writable: true, .. } => {}
+            ShallowMapping::Indirect { .. }
+            | ShallowMapping::Zero {
+                explicit: false, ..
+            }
+            | ShallowMapping::Eof { .. } => kind = WriteKind::Allocates,
+            _ => return Ok(WriteKind::Replaces),
+        }
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    Ok(kind)
 }
 
 /// Opens `path` for imago and for the rings alike: read-write unless `writable` is false, with
@@ -244,8 +283,15 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
     let writable = !readonly;
     let file = open_file(path, writable, direct)?;
     let for_ring = file.try_clone().map_err(io_err("cannot duplicate", path))?;
+    let mut top_file = ring_file(file, path, writable, direct)?;
+    if writable {
+        top_file = top_file
+            .ordered()
+            .map_err(io_err("cannot read the L1 table of", path))?;
+    }
+    let write_order = top_file.write_order();
     let qcow2 = block_on(
-        Qcow2::builder(ring_file(file, path, writable, direct)?)
+        Qcow2::builder(top_file)
             .backing(below)
             .data_file(None)
             .write(writable)
@@ -267,6 +313,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
         writes_in_progress: AtomicU64::new(0),
         writes_done: AtomicU64::new(0),
         writes_durable: AtomicU64::new(0),
+        write_order,
     })
 }
 

@@ -14,10 +14,12 @@
 //! another thread, and one ring carries all the I/O. Measured (docs/PERFORMANCE.md section 13):
 //! 1.4-1.6x the allocating writes of two or four workers, at 0.5-0.7x the CPU per write.
 //!
-//! Metadata a job changed is written to the image file (not synced) before the job completes,
-//! after the job's data: mqblk may crash while the guest lives on, so what it acknowledged must
-//! be in the kernel's hands, metadata included (imago writes refcount blocks before the L2
-//! tables that use them). The worker does that as a group commit: one write-back covers every
+//! Metadata a job changed is written to the image file before the job completes, after the
+//! job's data: mqblk may crash while the guest lives on, so what it acknowledged must be in the
+//! kernel's hands, metadata included. The metadata writes something later depends on (a
+//! refcount block before the L2 table that uses its cluster) are durable when they complete
+//! ([`write_order`](super::write_order)), so imago's order is the order in which they reach
+//! stable storage. The worker does that as a group commit: one write-back covers every
 //! job that finished before it began. A guest flush syncs data written into new clusters
 //! first, then writes back whatever imago still holds and syncs everything. Between two
 //! flushes a power loss may leave an L2 entry on disk whose data is not: the cluster then reads
@@ -36,8 +38,9 @@ use imago::Mapping;
 use rustix::event::{eventfd, EventfdFlags};
 
 use super::cow;
+use super::data_writes;
 use super::executor::Executor;
-use super::image::{resolve, Image, Invalidation, INVALIDATIONS_KEPT};
+use super::image::{resolve, write_kind, Image, Invalidation, WriteKind, INVALIDATIONS_KEPT};
 use super::mapping::Target;
 use super::uring_io;
 
@@ -473,6 +476,8 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             // SAFETY: as for the read; a write only reads them.
             let (bufs, len) = unsafe { slices(iovs) };
             let bufs: Vec<&[u8]> = bufs.into_iter().map(|b| &*b).collect();
+            // imago's writes of these are data, not written through (`data_writes`).
+            let _data = data_writes::register(&bufs);
             image.writes_in_progress.fetch_add(1, Ordering::AcqRel);
             // Held until the write is done (see `cow`).
             let _zeroing = image.zeroing.read().await;
@@ -484,10 +489,12 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             // allocation) changes no mapping, unless something else changed them meanwhile
             // (which bumps the epoch).
             let epoch = image.epoch.load(Ordering::Acquire);
-            let in_place = matches!(
-                resolve(&image.access, *offset, len as u64).await,
-                Ok((Some(Target::File { writable: true, .. }), n)) if n >= len as u64
-            );
+            let kind = write_kind(&image.access, *offset, len as u64).await;
+            let in_place = matches!(kind, Ok(WriteKind::InPlace));
+            if !matches!(kind, Ok(WriteKind::InPlace | WriteKind::Allocates)) {
+                // A replaced cluster is freed after the L2 entry stops using it.
+                may_free(image);
+            }
             if !in_place {
                 // Before any mapping it makes can be seen.
                 image
@@ -538,6 +545,8 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
         },
         Work::Zero { offset, len, unmap } => {
             image.unpersisted.add_zeroing();
+            // imago may free clusters it turns into zeros.
+            may_free(image);
             let done = match zero(image, *offset, *len, *unmap).await {
                 Ok(()) => Done {
                     persist: Persist::WriteBack,
@@ -550,6 +559,13 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 ..done
             }
         }
+    }
+}
+
+/// From now on, clusters of `image` may be freed (see [`WriteOrder`](super::write_order)).
+fn may_free(image: &Image) {
+    if let Some(order) = &image.write_order {
+        order.may_free();
     }
 }
 

@@ -27,6 +27,7 @@
 
 mod channel;
 mod cow;
+mod data_writes;
 mod executor;
 mod image;
 mod locks;
@@ -35,6 +36,7 @@ mod metadata;
 mod storage;
 mod unpersisted;
 mod uring_io;
+mod write_order;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,9 @@
 //! metadata worker's ring ([`uring_io`](super::uring_io)), so the copy-on-writes and table
 //! write-backs of the jobs a worker runs are in flight together; on a thread without a ring (a
 //! control thread opening, resizing or snapshotting the image) they are blocking system calls.
-//! Zeroing, discard and resize are rare and always blocking.
+//! Zeroing, discard and resize are rare and always blocking. Every write but the guest's data
+//! is written through ([`data_writes`](super::data_writes)): imago's ordering of its metadata
+//! holds on stable storage.
 //!
 //! The alignments O_DIRECT needs are probed once, by imago's own `File` over the same
 //! descriptor, at open.
@@ -13,13 +15,17 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use imago::io_buffers::{IoVector, IoVectorMut};
+use imago::io_buffers::{IoBuffer, IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::storage::PreallocateMode;
 use imago::{Storage, StorageOpenOptions};
 
+use super::data_writes;
 use super::uring_io::{self, Io};
+use super::write_order::{WriteMode, WriteOrder};
+use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
 
 /// How far ahead of its writes the top image file is grown (see `RingFile::grow_for`).
 const GROWTH: u64 = 16 << 20;
@@ -37,6 +43,9 @@ pub struct RingFile {
     size: AtomicU64,
     /// Writes past the end grow the file first, by [`GROWTH`] at a time (see `grow_for`).
     prealloc: bool,
+    /// Which writes may stay plain (the top image's; without it every write but guest data is
+    /// written through).
+    order: Option<Arc<WriteOrder>>,
     helper: CommonStorageHelper,
 }
 
@@ -64,8 +73,60 @@ impl RingFile {
             filename: path.to_path_buf(),
             size: AtomicU64::new(size),
             prealloc: writable,
+            order: None,
             helper: CommonStorageHelper::default(),
         })
+    }
+
+    /// The same, with its write ordering read from the image (the top image of a chain).
+    pub fn ordered(mut self) -> io::Result<RingFile> {
+        let (header, l1) = self.read_l1()?;
+        self.order = Some(Arc::new(WriteOrder::new(&header, &l1)));
+        Ok(self)
+    }
+
+    /// Its write ordering, if it has one.
+    pub fn write_order(&self) -> Option<Arc<WriteOrder>> {
+        self.order.clone()
+    }
+
+    /// The image's header and the bytes of its L1 table, as the file holds them.
+    fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
+        let size = self.size.load(Ordering::Acquire);
+        let head = self.read_blocking(0, HEAD_BYTES.min(size as usize))?;
+        let header = header::parse(&self.filename, &head).map_err(io::Error::other)?;
+        let l1 = self.read_blocking(header.l1_offset, header.l1_entries as usize * 8)?;
+        Ok((header, l1))
+    }
+
+    /// `len` bytes at `offset`, read blocking through a buffer aligned for O_DIRECT (zeros
+    /// past the end of the file).
+    fn read_blocking(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let align = self.mem_align.max(self.req_align).max(512) as u64;
+        let start = offset / align * align;
+        let end = (offset + len as u64).next_multiple_of(align);
+        let mut buf = IoBuffer::new((end - start) as usize, align as usize)?;
+        let bytes = buf.as_mut().into_slice();
+        let mut done = 0;
+        while done < bytes.len() {
+            let n = rustix::io::pread(&self.file, &mut bytes[done..], start + done as u64)?;
+            if n == 0 {
+                bytes[done..].fill(0);
+                break;
+            }
+            done += n;
+        }
+        let from = (offset - start) as usize;
+        Ok(bytes[from..from + len].to_vec())
+    }
+
+    /// `fdatasync`, on the ring if this thread has one; the plain writes before it are then
+    /// durable.
+    async fn sync_data(&self, order: &WriteOrder) -> io::Result<()> {
+        let mark = order.sync_begins();
+        uring_io::sync_data(&self.file).await?;
+        order.synced(mark);
+        Ok(())
     }
 
     /// Makes the file reach `end` before a write there: new clusters go at the end of the
@@ -94,14 +155,28 @@ impl RingFile {
         self.size.fetch_max(end, Ordering::AcqRel);
     }
 
-    /// One `preadv` (read) or `pwritev`, on the ring if this thread has one.
+    /// One `preadv` (read) or `pwritev`, on the ring if this thread has one. A write goes plain
+    /// or written through as [`WriteOrder`] says (without one: plain only for guest data).
     async fn transfer(&self, iovecs: &[libc::iovec], offset: u64, write: bool) -> io::Result<u64> {
         let fd = self.file.as_raw_fd();
+        let data = write && data_writes::is_data(iovecs);
+        let len = iovecs.iter().map(|v| v.iov_len as u64).sum::<u64>();
+        let mode = match (&self.order, data) {
+            _ if !write => WriteMode::Plain,
+            (Some(order), _) => order.mode(offset, len, data),
+            (None, true) => WriteMode::Plain,
+            (None, false) => WriteMode::Through { sync_first: false },
+        };
+        if let (WriteMode::Through { sync_first: true }, Some(order)) = (mode, &self.order) {
+            self.sync_data(order).await?;
+        }
+        let through = matches!(mode, WriteMode::Through { .. });
         let res = match uring_io::current() {
             Some(ring) => {
-                let io = match write {
-                    true => Io::Write(iovecs),
-                    false => Io::Read(iovecs),
+                let io = match (write, through) {
+                    (false, _) => Io::Read(iovecs),
+                    (true, false) => Io::Write(iovecs),
+                    (true, true) => Io::WriteThrough(iovecs),
                 };
                 // SAFETY: the buffers are imago's, valid until this call returns, and the
                 // operation is awaited (or, dropped, waits for its completion) within it.
@@ -111,10 +186,11 @@ impl RingFile {
             None => loop {
                 let off = offset as libc::off_t;
                 let (ptr, n) = (iovecs.as_ptr(), iovecs.len() as libc::c_int);
+                let flags = if through { libc::RWF_DSYNC } else { 0 };
                 // SAFETY: the iovecs describe buffers valid for the call (imago's).
                 let r = unsafe {
                     match write {
-                        true => libc::pwritev(fd, ptr, n, off),
+                        true => libc::pwritev2(fd, ptr, n, off, flags),
                         false => libc::preadv(fd, ptr, n, off),
                     }
                 };
@@ -130,7 +206,50 @@ impl RingFile {
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res as i32));
         }
+        if let (true, Some(order)) = (write, &self.order) {
+            self.wrote(order, mode, data, iovecs, offset, res as u64);
+        }
         Ok(res as u64)
+    }
+
+    /// Tells `order` of a completed write of `done` bytes of `iovecs` at `offset`.
+    fn wrote(
+        &self,
+        order: &WriteOrder,
+        mode: WriteMode,
+        data: bool,
+        iovecs: &[libc::iovec],
+        offset: u64,
+        done: u64,
+    ) {
+        match mode {
+            WriteMode::Plain if !data => order.wrote_plain(),
+            WriteMode::Plain => {}
+            WriteMode::Through { .. } => {
+                let mut left = done as usize;
+                let bytes: Vec<&[u8]> = iovecs
+                    .iter()
+                    .map(|v| {
+                        let n = v.iov_len.min(left);
+                        left -= n;
+                        // SAFETY: the iovec's buffer is valid for this call (imago's), and
+                        // `n` of its bytes were just written from it.
+                        unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), n) }
+                    })
+                    .collect();
+                if order.wrote_through(offset, &bytes) {
+                    // The header changed (the L1 table may have moved); without it, every
+                    // table is written through from now on.
+                    match self.read_l1() {
+                        Ok((header, l1)) => order.reload(&header, &l1),
+                        Err(e) => {
+                            tracing::warn!(err = %e, "cannot read the qcow2 L1 table again");
+                            order.reload_failed();
+                        }
+                    }
+                }
+            }
+        }
     }
 
     fn fallocate(&self, mode: i32, offset: u64, length: u64) -> io::Result<()> {
@@ -246,7 +365,8 @@ impl Storage for RingFile {
     }
 
     async fn sync(&self) -> io::Result<()> {
-        match uring_io::current() {
+        let mark = self.order.as_ref().map(|o| o.sync_begins());
+        let synced = match uring_io::current() {
             Some(ring) => {
                 let fd = self.file.as_raw_fd();
                 // SAFETY: a sync names no memory.
@@ -257,7 +377,11 @@ impl Storage for RingFile {
                 }
             }
             None => self.file.sync_all(),
+        };
+        if let (Ok(()), Some(order), Some(mark)) = (&synced, &self.order, mark) {
+            order.synced(mark);
         }
+        synced
     }
 
     async unsafe fn invalidate_cache(&self) -> io::Result<()> {
@@ -319,6 +443,74 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert!(bytes[8192..12288].iter().all(|&b| b == 7));
         assert!(bytes[..8192].iter().all(|&b| b == 0));
+    }
+
+    /// Dirty pages of `file` in its first `len` bytes, by cachestat(2) (Linux 6.5); `None`
+    /// where the kernel has no such call.
+    fn dirty_pages(file: &File, len: u64) -> Option<u64> {
+        const SYS_CACHESTAT: libc::c_long = 451;
+        let range = [0u64, len];
+        let mut stat = [0u64; 5]; // cache, dirty, writeback, evicted, recently evicted
+                                  // SAFETY: an open descriptor, and buffers of the sizes the call reads and writes.
+        let r = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                file.as_raw_fd(),
+                range.as_ptr(),
+                stat.as_mut_ptr(),
+                0,
+            )
+        };
+        (r == 0).then_some(stat[1])
+    }
+
+    #[test]
+    fn metadata_writes_are_durable_when_they_complete_and_guest_data_writes_are_not() {
+        // A buffered file in the crate's directory (a disk filesystem: tmpfs never cleans its
+        // pages): a written-through write leaves no dirty page behind, a plain one does. No
+        // write order is given: every write but guest data is written through.
+        let file = tempfile::tempfile_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let f = RingFile::new(file.try_clone().unwrap(), Path::new("img"), true, false).unwrap();
+        if dirty_pages(&file, 1).is_none() {
+            // A test that returned in silence would pass without having checked anything.
+            let allow = "MQBLK_TEST_ALLOW_NO_CACHESTAT";
+            let why = "this kernel has no cachestat(2) to see dirty pages with";
+            assert!(
+                std::env::var_os(allow).is_some(),
+                "{why}; set {allow}=1 to skip this"
+            );
+            eprintln!("SKIPPED ({allow}): {why}");
+            return;
+        }
+        let (data, table) = (vec![1u8; 65536], vec![2u8; 65536]);
+        let write = |buf: &[u8], at: u64| {
+            // SAFETY: the buffer outlives the call, which completes within it.
+            let w = unsafe { f.pure_writev(IoVector::from(buf), at) };
+            match uring_io::current() {
+                Some(r) => uring_io::tests::drive(&r, w),
+                None => block_on(w),
+            }
+            .unwrap();
+        };
+        for on_ring in [false, true] {
+            if on_ring {
+                uring_io::install(uring_io::tests::reactor());
+            }
+            file.sync_all().unwrap();
+            {
+                let _data = data_writes::register(&[&data]);
+                write(&data, 0);
+            }
+            let dirty = dirty_pages(&file, 65536).unwrap();
+            assert!(
+                dirty > 0,
+                "guest data is not written through (ring: {on_ring})"
+            );
+            file.sync_all().unwrap();
+            write(&table, 65536);
+            let dirty = dirty_pages(&file, 131072).unwrap();
+            assert_eq!(dirty, 0, "metadata is written through (ring: {on_ring})");
+        }
     }
 
     #[test]

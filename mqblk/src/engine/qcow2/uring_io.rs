@@ -63,6 +63,8 @@ pub enum Io<'a> {
     Read(&'a [libc::iovec]),
     /// `pwritev` from these buffers.
     Write(&'a [libc::iovec]),
+    /// `pwritev2` with `RWF_DSYNC`: durable when it completes.
+    WriteThrough(&'a [libc::iovec]),
     /// `fdatasync` (true) or `fsync` (false).
     Sync { data_only: bool },
 }
@@ -145,15 +147,18 @@ impl Reactor {
             slot.iovecs.clear();
             let fd = types::Fd(fd);
             match io {
-                Io::Read(v) | Io::Write(v) => {
+                Io::Read(v) | Io::Write(v) | Io::WriteThrough(v) => {
                     slot.iovecs.extend_from_slice(v);
                     // The array lives in the slot's own allocation until the slot is reused,
                     // which is after the completion.
                     let (ptr, len) = (slot.iovecs.as_ptr(), slot.iovecs.len() as u32);
-                    if matches!(io, Io::Read(_)) {
-                        opcode::Readv::new(fd, ptr, len).offset(offset).build()
-                    } else {
-                        opcode::Writev::new(fd, ptr, len).offset(offset).build()
+                    match io {
+                        Io::Read(_) => opcode::Readv::new(fd, ptr, len).offset(offset).build(),
+                        Io::Write(_) => opcode::Writev::new(fd, ptr, len).offset(offset).build(),
+                        _ => opcode::Writev::new(fd, ptr, len)
+                            .offset(offset)
+                            .rw_flags(libc::RWF_DSYNC)
+                            .build(),
                     }
                 }
                 Io::Sync { data_only } => {
@@ -315,7 +320,7 @@ impl Drop for RingOp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::io::Write;
     use std::task::{Context, Poll};
 
@@ -323,7 +328,7 @@ mod tests {
 
     use super::*;
 
-    fn reactor() -> Rc<Reactor> {
+    pub(in crate::engine::qcow2) fn reactor() -> Rc<Reactor> {
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap());
         Reactor::new(IoUring::new(8).unwrap(), wake)
     }
@@ -337,7 +342,7 @@ mod tests {
     }
 
     /// Polls `fut` to its end, waiting on `r` whenever it is pending.
-    fn drive<T>(r: &Reactor, fut: impl Future<Output = T>) -> T {
+    pub(in crate::engine::qcow2) fn drive<T>(r: &Reactor, fut: impl Future<Output = T>) -> T {
         let mut fut = std::pin::pin!(fut);
         let waker = futures::task::noop_waker();
         loop {

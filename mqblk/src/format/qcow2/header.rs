@@ -34,7 +34,7 @@ const UNSERVED: &[(u32, &str)] = &[
 
 /// How much of an image's start is read: the header and its extensions fit in its first
 /// cluster, which is at least 512 bytes; a longer backing name is read on its own.
-const HEAD_BYTES: usize = 64 << 10;
+pub const HEAD_BYTES: usize = 64 << 10;
 
 /// What mqblk needs from a qcow2 header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +49,12 @@ pub struct Header {
     pub backing: Option<String>,
     /// The backing format as recorded (the header extension), if it is.
     pub backing_format: Option<String>,
+    /// Where the L1 table is (a file offset).
+    pub l1_offset: u64,
+    /// Its entries.
+    pub l1_entries: u32,
+    /// Internal snapshots.
+    pub snapshots: u32,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -122,6 +128,9 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
         size: be64(head, 24),
         backing,
         backing_format: backing_format_ext(head, ext_start),
+        l1_offset: be64(head, 40),
+        l1_entries: be32(head, 36),
+        snapshots: be32(head, 60),
     })
 }
 
@@ -318,6 +327,9 @@ mod tests {
                 size: 1 << 30,
                 backing: Some("b.raw".into()),
                 backing_format: Some("raw".into()),
+                l1_offset: 0,
+                l1_entries: 0,
+                snapshots: 0,
             }
         );
         let h = parse(Path::new("a.qcow2"), &v3(4096, 0, None)).unwrap();

@@ -1,0 +1,304 @@
+//! Which of imago's writes must be durable when they complete, so that qcow2's ordering rules
+//! hold on stable storage, and which may stay in the device's cache until the next flush.
+//!
+//! imago keeps the rules by the order of its writes: a dependent write is issued only after
+//! the write it depends on has completed (a refcount block before the L2 table that uses its
+//! new cluster, a new L2 table before the L1 entry that points at it, a new refcount block
+//! before the refcount table entry, the header last). Completed is not durable: a device with
+//! a volatile cache may keep the L2 table and lose the refcount block in a power loss, and the
+//! image then holds a cluster in use with a refcount of 0, which the allocator hands out again.
+//! QEMU puts a flush between the two. Here a write that something written later may depend on
+//! is written through (`RWF_DSYNC`, FUA where the device has it), and the writes nothing
+//! depends on stay plain:
+//!
+//! - guest data ([`data_writes`](super::data_writes)): a flush makes it durable, before the
+//!   metadata is;
+//! - an L2 table that the L1 table already points at: allocating writes only add entries to
+//!   it, and nothing imago writes later relies on them, except the refcount decrement of a
+//!   cluster an entry stopped using. Clusters are freed only when a write replaces a
+//!   compressed, shared (internal snapshot) or preallocated zero cluster, or a range is zeroed;
+//!   once that may have happened ([`WriteOrder::may_free`]), a write-through write first syncs
+//!   the plain ones before it.
+//!
+//! Everything else is written through: refcount blocks and table, the header, the L1 table,
+//! and a new L2 table (not in the L1 table yet). The L1 table is mirrored here from the image
+//! at open and from imago's writes to it; a write to the header's cluster reloads it.
+//!
+//! What it costs is one device flush per group commit (the refcount block's), on a device with
+//! a volatile cache; none on one without (docs/PERFORMANCE.md section 13).
+//!
+//! One gap is imago's: it writes a new L2 table and the L1 entry that points at it before the
+//! refcount block that counts the table's cluster (QEMU writes the refcount first). Until the
+//! allocating job's group commit, a crash can leave that cluster in use with a refcount of 0:
+//! once per 512 MiB of guest disk (at 64 KiB clusters), for about a millisecond.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use crate::format::qcow2::header::Header;
+
+/// The offset bits of an L1 entry.
+const L1_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+
+/// How one write goes to the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// A plain write.
+    Plain,
+    /// Written through (durable when it completes); `sync_first`: only after an `fdatasync`
+    /// that makes the plain writes before it durable.
+    Through { sync_first: bool },
+}
+
+/// The image file's write ordering state (the top image's: backing images are never written).
+#[derive(Debug)]
+pub struct WriteOrder {
+    cluster: u64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    l1_offset: u64,
+    /// Each L1 entry's L2 table (file offset; 0: none).
+    l1: Vec<u64>,
+    /// The same, as a set.
+    l2: HashSet<u64>,
+    /// Plain metadata writes completed.
+    plain_done: u64,
+    /// `plain_done` as the last sync began: those are durable.
+    plain_synced: u64,
+    /// Clusters may have been freed (see the module's text).
+    frees: bool,
+}
+
+impl State {
+    fn load(&mut self, header: &Header, l1: &[u8]) {
+        self.l1_offset = header.l1_offset;
+        self.l1 = l1
+            .chunks_exact(8)
+            .take(header.l1_entries as usize)
+            .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & L1_OFFSET_MASK)
+            .collect();
+        self.l2 = self.l1.iter().copied().filter(|&t| t != 0).collect();
+        // Internal snapshots share clusters: writes free them.
+        self.frees |= header.snapshots > 0;
+    }
+}
+
+impl WriteOrder {
+    /// The ordering state of an image with `header`, whose L1 table's bytes are `l1`.
+    pub fn new(header: &Header, l1: &[u8]) -> WriteOrder {
+        let mut state = State {
+            l1_offset: 0,
+            l1: Vec::new(),
+            l2: HashSet::new(),
+            plain_done: 0,
+            plain_synced: 0,
+            frees: false,
+        };
+        state.load(header, l1);
+        WriteOrder {
+            cluster: 1 << header.cluster_bits,
+            state: Mutex::new(state),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How to write `len` bytes at `offset`; `data`: guest data.
+    pub fn mode(&self, offset: u64, len: u64, data: bool) -> WriteMode {
+        if data {
+            return WriteMode::Plain;
+        }
+        let s = self.state();
+        let table = offset & !(self.cluster - 1);
+        if s.l2.contains(&table) && offset + len <= table + self.cluster {
+            return WriteMode::Plain;
+        }
+        WriteMode::Through {
+            sync_first: s.frees && s.plain_done != s.plain_synced,
+        }
+    }
+
+    /// A plain metadata write (not guest data) completed.
+    pub fn wrote_plain(&self) {
+        self.state().plain_done += 1;
+    }
+
+    /// A sync of the file begins: the plain writes completed so far are durable once it ends.
+    /// Returns the mark to give [`synced`](Self::synced).
+    pub fn sync_begins(&self) -> u64 {
+        self.state().plain_done
+    }
+
+    /// The sync that began at `mark` ended.
+    pub fn synced(&self, mark: u64) {
+        let mut s = self.state();
+        s.plain_synced = s.plain_synced.max(mark);
+    }
+
+    /// A write-through of `bytes` at `offset` completed: the L1 entries it set are taken.
+    /// Returns whether it wrote into the header's cluster (the caller then [`reload`]s).
+    ///
+    /// [`reload`]: Self::reload
+    pub fn wrote_through(&self, offset: u64, bytes: &[&[u8]]) -> bool {
+        let mut s = self.state();
+        let l1_end = s.l1_offset + 8 * s.l1.len() as u64;
+        let mut at = offset;
+        for b in bytes {
+            let end = at + b.len() as u64;
+            // The whole entries of the L1 table this buffer holds.
+            let first = at.max(s.l1_offset).next_multiple_of(8);
+            let mut entry = first;
+            while entry + 8 <= end.min(l1_end) && entry >= s.l1_offset {
+                let i = ((entry - s.l1_offset) / 8) as usize;
+                let within = (entry - at) as usize;
+                let value = u64::from_be_bytes(b[within..within + 8].try_into().expect("8 bytes"))
+                    & L1_OFFSET_MASK;
+                let old = std::mem::replace(&mut s.l1[i], value);
+                if old != value {
+                    if old != 0 && !s.l1.contains(&old) {
+                        s.l2.remove(&old);
+                    }
+                    if value != 0 {
+                        s.l2.insert(value);
+                    }
+                }
+                entry += 8;
+            }
+            at = end;
+        }
+        offset < self.cluster
+    }
+
+    /// The header changed: the L1 table is taken again from `header` and its bytes `l1`.
+    pub fn reload(&self, header: &Header, l1: &[u8]) {
+        self.state().load(header, l1);
+    }
+
+    /// The header changed and the L1 table could not be read again: every table is written
+    /// through from now on.
+    pub fn reload_failed(&self) {
+        let mut s = self.state();
+        s.l1.clear();
+        s.l2.clear();
+    }
+
+    /// Clusters may be freed from now on (a write replaced a cluster, or a range was zeroed):
+    /// a write-through write first syncs the plain writes before it.
+    pub fn may_free(&self) {
+        self.state().frees = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: u64 = 1 << 16;
+
+    fn header(l1_offset: u64, l1_entries: u32, snapshots: u32) -> Header {
+        Header {
+            version: 3,
+            cluster_bits: 16,
+            size: 1 << 40,
+            backing: None,
+            backing_format: None,
+            l1_offset,
+            l1_entries,
+            snapshots,
+        }
+    }
+
+    fn l1(entries: &[u64]) -> Vec<u8> {
+        entries
+            .iter()
+            .flat_map(|e| (e | 1 << 63).to_be_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn only_guest_data_and_the_l2_tables_the_l1_table_points_at_are_written_plain() {
+        let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 6 * C, 0]));
+        let through = WriteMode::Through { sync_first: false };
+        assert_eq!(w.mode(9 * C, C, true), WriteMode::Plain, "guest data");
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            WriteMode::Plain,
+            "a known L2 table"
+        );
+        assert_eq!(
+            w.mode(6 * C + 4096, 512, false),
+            WriteMode::Plain,
+            "part of one"
+        );
+        assert_eq!(w.mode(6 * C, 2 * C, false), through, "beyond it");
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            through,
+            "a new table or a refcount block"
+        );
+        assert_eq!(w.mode(3 * C, 512, false), through, "the L1 table");
+        assert_eq!(w.mode(0, 4096, false), through, "the header");
+    }
+
+    #[test]
+    fn a_new_l2_table_is_written_through_until_the_l1_table_points_at_it() {
+        let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 0, 0]));
+        let through = WriteMode::Through { sync_first: false };
+        assert_eq!(w.mode(8 * C, C, false), through);
+        // imago writes the entry (here: the aligned sector that holds entries 0..4).
+        let sector = l1(&[5 * C, 8 * C, 0, 0]);
+        assert!(!w.wrote_through(3 * C, &[&sector]));
+        assert_eq!(w.mode(8 * C, C, false), WriteMode::Plain);
+        // Written in two buffers, one entry each, an entry replaced: the old table is no
+        // longer plain.
+        let (a, b) = (l1(&[9 * C]), l1(&[0]));
+        w.wrote_through(3 * C + 8, &[&a, &b]);
+        assert_eq!(w.mode(9 * C, C, false), WriteMode::Plain);
+        assert_eq!(w.mode(8 * C, C, false), through);
+        // A header write says so.
+        assert!(w.wrote_through(0, &[&[0u8; 512]]));
+        w.reload(&header(10 * C, 2, 0), &l1(&[11 * C, 0]));
+        assert_eq!(w.mode(11 * C, C, false), WriteMode::Plain);
+        assert_eq!(w.mode(5 * C, C, false), through);
+    }
+
+    #[test]
+    fn once_clusters_may_be_freed_a_write_through_first_syncs_the_plain_writes() {
+        let w = WriteOrder::new(&header(3 * C, 1, 0), &l1(&[5 * C]));
+        w.wrote_plain();
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: false },
+            "nothing freed: a refcount only grows before the L2 entry"
+        );
+        w.may_free();
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: true }
+        );
+        let mark = w.sync_begins();
+        w.wrote_plain(); // during the sync: not covered by it
+        w.synced(mark);
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: true }
+        );
+        w.synced(w.sync_begins());
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: false }
+        );
+        // Internal snapshots: from the start.
+        let w = WriteOrder::new(&header(3 * C, 1, 1), &l1(&[5 * C]));
+        w.wrote_plain();
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: true }
+        );
+    }
+}
