@@ -285,6 +285,17 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
     let for_ring = file.try_clone().map_err(io_err("cannot duplicate", path))?;
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
+        let repaired = top_file
+            .repair_table_refcounts()
+            .map_err(io_err("cannot check the refcounts of the tables of", path))?;
+        for table in repaired {
+            tracing::warn!(
+                image = %path.display(),
+                offset = table,
+                "a qcow2 table was counted free (its allocation was cut short by a crash): \
+                 counted in use again"
+            );
+        }
         top_file = top_file
             .ordered()
             .map_err(io_err("cannot read the L1 table of", path))?;

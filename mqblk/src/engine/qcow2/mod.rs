@@ -33,6 +33,7 @@ mod image;
 mod locks;
 mod mapping;
 mod metadata;
+mod refcount_repair;
 mod storage;
 mod unpersisted;
 mod uring_io;

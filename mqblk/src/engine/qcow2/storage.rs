@@ -17,12 +17,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures::executor::block_on;
 use imago::io_buffers::{IoBuffer, IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::storage::PreallocateMode;
 use imago::{Storage, StorageOpenOptions};
 
 use super::data_writes;
+use super::refcount_repair;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
 use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
@@ -97,6 +99,29 @@ impl RingFile {
         let header = header::parse(&self.filename, &head).map_err(io::Error::other)?;
         let l1 = self.read_blocking(header.l1_offset, header.l1_entries as usize * 8)?;
         Ok((header, l1))
+    }
+
+    /// Counts 1 each of the image's own tables that is counted 0 ([`refcount_repair`]), before
+    /// imago opens it; returns their offsets.
+    pub fn repair_table_refcounts(&self) -> io::Result<Vec<u64>> {
+        let (header, l1) = self.read_l1()?;
+        refcount_repair::repair(
+            &header,
+            &l1,
+            |offset, len| self.read_blocking(offset, len),
+            |offset, bytes| self.write_through_blocking(offset, bytes),
+        )
+    }
+
+    /// Writes `bytes` (a whole number of aligned blocks) at `offset`, blocking, written
+    /// through.
+    fn write_through_blocking(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let align = self.mem_align.max(self.req_align).max(512);
+        let mut buf = IoBuffer::new(bytes.len(), align)?;
+        buf.as_mut().into_slice().copy_from_slice(bytes);
+        // SAFETY: the buffer is valid for the call, and blocking: no ring on a control thread
+        // opening an image.
+        block_on(unsafe { self.pure_writev(IoVector::from(buf.as_ref().into_slice()), offset) })
     }
 
     /// `len` bytes at `offset`, read blocking through a buffer aligned for O_DIRECT (zeros

@@ -27,10 +27,11 @@
 //! What it costs is one device flush per group commit (the refcount block's), on a device with
 //! a volatile cache; none on one without (docs/PERFORMANCE.md section 13).
 //!
-//! One gap is imago's: it writes a new L2 table and the L1 entry that points at it before the
-//! refcount block that counts the table's cluster (QEMU writes the refcount first). Until the
-//! allocating job's group commit, a crash can leave that cluster in use with a refcount of 0:
-//! once per 512 MiB of guest disk (at 64 KiB clusters), for about a millisecond.
+//! One gap is imago's: it writes a new L2 table and the L1 entry that points at it (and a new
+//! refcount block and its refcount table entry) before the refcount block that counts the new
+//! table's cluster (QEMU writes the refcount first). A crash before the allocating job's group
+//! commit leaves the table counted free; [`refcount_repair`](super::refcount_repair) counts it
+//! again when the image is next opened, before anything is allocated.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -210,6 +211,9 @@ mod tests {
             l1_offset,
             l1_entries,
             snapshots,
+            reftable_offset: 0,
+            reftable_clusters: 0,
+            refcount_order: 4,
         }
     }
 

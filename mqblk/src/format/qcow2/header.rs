@@ -55,6 +55,12 @@ pub struct Header {
     pub l1_entries: u32,
     /// Internal snapshots.
     pub snapshots: u32,
+    /// Where the refcount table is (a file offset).
+    pub reftable_offset: u64,
+    /// Its length in clusters.
+    pub reftable_clusters: u32,
+    /// log2 of a refcount's width in bits (4, 16-bit refcounts, in version 2).
+    pub refcount_order: u32,
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -99,6 +105,10 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
             return Err(bad("the version 3 header is cut short".into()));
         }
         check_incompatible(path, be64(head, 72))?;
+        let order = be32(head, 96);
+        if order > 6 {
+            return Err(bad(format!("refcount_order {order} is outside 0..=6")));
+        }
         let header_length = be32(head, 100) as usize;
         if header_length < 104 || header_length > head.len() {
             return Err(bad(format!("header_length {header_length}")));
@@ -131,6 +141,9 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
         l1_offset: be64(head, 40),
         l1_entries: be32(head, 36),
         snapshots: be32(head, 60),
+        reftable_offset: be64(head, 48),
+        reftable_clusters: be32(head, 56),
+        refcount_order: if version == 3 { be32(head, 96) } else { 4 },
     })
 }
 
@@ -330,6 +343,9 @@ mod tests {
                 l1_offset: 0,
                 l1_entries: 0,
                 snapshots: 0,
+                reftable_offset: 0,
+                reftable_clusters: 0,
+                refcount_order: 4,
             }
         );
         let h = parse(Path::new("a.qcow2"), &v3(4096, 0, None)).unwrap();

@@ -1,0 +1,212 @@
+//! At open, the refcounts of the image's own tables: an L2 table or refcount block that its
+//! L1 table or refcount table points at, counted 0, is counted 1 again.
+//!
+//! imago writes a new L2 table and the L1 entry that points at it (and a new refcount block
+//! and the refcount table entry) before the refcount block that counts the new table's
+//! cluster, which stays in its cache until the next write-back (QEMU writes the refcount
+//! first). A crash in between, of mqblk or of power, leaves a table in use whose cluster is
+//! counted free, and the next allocation would hand that cluster out again, to be overwritten
+//! with guest data. `qemu-img check` reports it as an error (`refcount=0 reference=1`). Only
+//! these tables are exposed (a data cluster's refcount is written before the L2 entry that
+//! uses it), so only they are checked, which costs reading the refcount blocks that count
+//! them, not a walk of every L2 table.
+
+use std::io;
+
+use crate::format::qcow2::header::Header;
+
+/// The offset bits of an L1 or refcount table entry.
+const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+
+/// The refcount of entry `index` of a refcount block of `bits`-bit entries.
+fn get(block: &[u8], index: u64, bits: u32) -> u64 {
+    if bits >= 8 {
+        let (w, at) = ((bits / 8) as usize, index as usize * (bits / 8) as usize);
+        block[at..at + w]
+            .iter()
+            .fold(0u64, |v, &b| (v << 8) | u64::from(b))
+    } else {
+        let (byte, shift) = (
+            (index * u64::from(bits) / 8) as usize,
+            (index * u64::from(bits)) % 8,
+        );
+        u64::from(block[byte] >> shift) & ((1 << bits) - 1)
+    }
+}
+
+/// Sets entry `index` of a refcount block of `bits`-bit entries to `value` (which fits).
+fn set(block: &mut [u8], index: u64, bits: u32, value: u64) {
+    if bits >= 8 {
+        let (w, at) = ((bits / 8) as usize, index as usize * (bits / 8) as usize);
+        for (i, b) in block[at..at + w].iter_mut().enumerate() {
+            *b = (value >> (8 * (w - 1 - i))) as u8;
+        }
+    } else {
+        let (byte, shift) = (
+            (index * u64::from(bits) / 8) as usize,
+            (index * u64::from(bits)) % 8,
+        );
+        let mask = (((1u16 << bits) - 1) << shift) as u8;
+        block[byte] = (block[byte] & !mask) | (((value as u8) << shift) & mask);
+    }
+}
+
+fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    table
+        .chunks_exact(8)
+        .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & OFFSET_MASK)
+        .filter(|&o| o != 0)
+}
+
+/// Counts 1 every L2 table and refcount block of the image (`header`, whose L1 table's bytes
+/// are `l1`) that is counted 0, reading with `read(offset, len)` and writing whole refcount
+/// blocks back with `write(offset, bytes)`. Returns the tables' offsets it counted again.
+pub fn repair(
+    header: &Header,
+    l1: &[u8],
+    read: impl Fn(u64, usize) -> io::Result<Vec<u8>>,
+    mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<Vec<u64>> {
+    let cluster_bits = header.cluster_bits;
+    let cluster = 1usize << cluster_bits;
+    let bits = 1u32 << header.refcount_order;
+    // log2 of the entries of a refcount block.
+    let rb_bits = cluster_bits + 3 - header.refcount_order;
+    let reftable = read(
+        header.reftable_offset,
+        header.reftable_clusters as usize * cluster,
+    )?;
+    let refblocks: Vec<u64> = reftable
+        .chunks_exact(8)
+        .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & OFFSET_MASK)
+        .collect();
+    // The L2 tables and refcount blocks, and the clusters of the L1 and refcount tables
+    // themselves (a grown table is as exposed as a new L2 table).
+    let spans = |offset: u64, len: u64| {
+        let first = offset >> cluster_bits;
+        let last = (offset + len.max(1)).div_ceil(cluster as u64);
+        (first..last).map(move |c| c << cluster_bits)
+    };
+    let mut tables: Vec<u64> = entries(l1)
+        .chain(entries(&reftable))
+        .chain(spans(header.l1_offset, 8 * u64::from(header.l1_entries)))
+        .chain(spans(header.reftable_offset, reftable.len() as u64))
+        .collect();
+    tables.sort_unstable();
+    tables.dedup();
+    let mut repaired = Vec::new();
+    let mut block: Option<(u64, Vec<u8>, bool)> = None; // (offset, bytes, changed)
+    for table in tables {
+        let index = table >> cluster_bits;
+        let Some(&rb) = refblocks.get((index >> rb_bits) as usize) else {
+            continue; // Counted nowhere: beyond what the refcount table covers.
+        };
+        if rb == 0 {
+            continue; // No refcount block there: only `qemu-img check -r all` can mend it.
+        }
+        if block.as_ref().map(|b| b.0) != Some(rb) {
+            if let Some((at, bytes, true)) = block.take() {
+                write(at, &bytes)?;
+            }
+            block = Some((rb, read(rb, cluster)?, false));
+        }
+        let (_, bytes, changed) = block.as_mut().expect("just read");
+        let within = index & ((1 << rb_bits) - 1);
+        if get(bytes, within, bits) == 0 {
+            set(bytes, within, bits, 1);
+            *changed = true;
+            repaired.push(table);
+        }
+    }
+    if let Some((at, bytes, true)) = block {
+        write(at, &bytes)?;
+    }
+    Ok(repaired)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+
+    const C: u64 = 1 << 16;
+
+    #[test]
+    fn refcounts_of_every_width_read_back_as_set() {
+        for order in 0..=6u32 {
+            let bits = 1 << order;
+            let mut block = vec![0u8; 4096];
+            let max = if bits == 64 {
+                u64::MAX
+            } else {
+                (1 << bits) - 1
+            };
+            for i in 0..64u64 {
+                set(&mut block, i, bits, (i * 7) & max);
+            }
+            for i in 0..64u64 {
+                assert_eq!(
+                    get(&block, i, bits),
+                    (i * 7) & max,
+                    "order {order}, entry {i}"
+                );
+            }
+        }
+        // 16 bits, big-endian, as qcow2 stores them.
+        let mut b = vec![0u8; 8];
+        set(&mut b, 1, 16, 0x0102);
+        assert_eq!(b[2..4], [1, 2]);
+    }
+
+    #[test]
+    fn a_table_counted_free_is_counted_again_and_nothing_else_changes() {
+        // Clusters: 0 header, 1 reftable, 2 refblock, 3 L1, 4 and 6 L2 tables, 5 data.
+        let mut file = vec![0u8; 8 * C as usize];
+        let put = |f: &mut Vec<u8>, at: u64, v: u64| {
+            f[at as usize..at as usize + 8].copy_from_slice(&(v | 1 << 63).to_be_bytes())
+        };
+        put(&mut file, C, 2 * C); // reftable[0] = refblock
+        put(&mut file, 3 * C, 4 * C); // L1[0]
+        put(&mut file, 3 * C + 8, 6 * C); // L1[1]
+        for cluster in [0u64, 1, 2, 3, 5] {
+            set(&mut file[2 * C as usize..3 * C as usize], cluster, 16, 1);
+        }
+        // The L2 table at cluster 4 is counted 0 (its allocation's refcount was lost); the one
+        // at 6 is counted 2 (shared): left alone.
+        set(&mut file[2 * C as usize..3 * C as usize], 6, 16, 2);
+        let header = Header {
+            version: 3,
+            cluster_bits: 16,
+            size: 1 << 30,
+            backing: None,
+            backing_format: None,
+            l1_offset: 3 * C,
+            l1_entries: 2,
+            snapshots: 0,
+            reftable_offset: C,
+            reftable_clusters: 1,
+            refcount_order: 4,
+        };
+        let file = RefCell::new(file);
+        let read = |at: u64, len: usize| Ok(file.borrow()[at as usize..at as usize + len].to_vec());
+        let writes = RefCell::new(0);
+        let write = |at: u64, bytes: &[u8]| {
+            *writes.borrow_mut() += 1;
+            file.borrow_mut()[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        };
+        let l1 = read(3 * C, 16).unwrap();
+        assert_eq!(repair(&header, &l1, read, write).unwrap(), vec![4 * C]);
+        let f = file.borrow();
+        let rb = &f[2 * C as usize..3 * C as usize];
+        let counts: Vec<u64> = (0..8).map(|i| get(rb, i, 16)).collect();
+        assert_eq!(counts, [1, 1, 1, 1, 1, 1, 2, 0]);
+        assert_eq!(*writes.borrow(), 1);
+        drop(f);
+        // Nothing left to do: nothing written.
+        let l1 = read(3 * C, 16).unwrap();
+        assert!(repair(&header, &l1, read, write).unwrap().is_empty());
+        assert_eq!(*writes.borrow(), 1);
+    }
+}
