@@ -64,6 +64,7 @@ fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
 pub fn repair(
     header: &Header,
     l1: &[u8],
+    file_size: u64,
     read: impl Fn(u64, usize) -> io::Result<Vec<u8>>,
     mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
 ) -> io::Result<Vec<u64>> {
@@ -87,10 +88,13 @@ pub fn repair(
         let last = (offset + len.max(1)).div_ceil(cluster as u64);
         (first..last).map(move |c| c << cluster_bits)
     };
+    // What lies past the end of the file or off a cluster boundary is not a table of this
+    // image (imago refuses such an image when it reads there): left alone, never written.
     let mut tables: Vec<u64> = entries(l1)
         .chain(entries(&reftable))
         .chain(spans(header.l1_offset, 8 * u64::from(header.l1_entries)))
         .chain(spans(header.reftable_offset, reftable.len() as u64))
+        .filter(|&t| t < file_size && t % cluster as u64 == 0)
         .collect();
     tables.sort_unstable();
     tables.dedup();
@@ -101,7 +105,7 @@ pub fn repair(
         let Some(&rb) = refblocks.get((index >> rb_bits) as usize) else {
             continue; // Counted nowhere: beyond what the refcount table covers.
         };
-        if rb == 0 {
+        if rb == 0 || rb >= file_size || rb % cluster as u64 != 0 {
             continue; // No refcount block there: only `qemu-img check -r all` can mend it.
         }
         if block.as_ref().map(|b| b.0) != Some(rb) {
@@ -197,7 +201,10 @@ mod tests {
             Ok(())
         };
         let l1 = read(3 * C, 16).unwrap();
-        assert_eq!(repair(&header, &l1, read, write).unwrap(), vec![4 * C]);
+        assert_eq!(
+            repair(&header, &l1, 8 * C, read, write).unwrap(),
+            vec![4 * C]
+        );
         let f = file.borrow();
         let rb = &f[2 * C as usize..3 * C as usize];
         let counts: Vec<u64> = (0..8).map(|i| get(rb, i, 16)).collect();
@@ -206,7 +213,7 @@ mod tests {
         drop(f);
         // Nothing left to do: nothing written.
         let l1 = read(3 * C, 16).unwrap();
-        assert!(repair(&header, &l1, read, write).unwrap().is_empty());
+        assert!(repair(&header, &l1, 8 * C, read, write).unwrap().is_empty());
         assert_eq!(*writes.borrow(), 1);
     }
 }

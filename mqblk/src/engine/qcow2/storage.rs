@@ -108,6 +108,7 @@ impl RingFile {
         refcount_repair::repair(
             &header,
             &l1,
+            self.size.load(Ordering::Acquire),
             |offset, len| self.read_blocking(offset, len),
             |offset, bytes| self.write_through_blocking(offset, bytes),
         )

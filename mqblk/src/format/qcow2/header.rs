@@ -36,6 +36,12 @@ const UNSERVED: &[(u32, &str)] = &[
 /// cluster, which is at least 512 bytes; a longer backing name is read on its own.
 pub const HEAD_BYTES: usize = 64 << 10;
 
+/// The largest L1 table served (QEMU's `QCOW_MAX_L1_SIZE`).
+const MAX_L1_BYTES: u64 = 32 << 20;
+
+/// The largest refcount table served (QEMU's `QCOW_MAX_REFTABLE_SIZE`).
+const MAX_REFTABLE_BYTES: u64 = 8 << 20;
+
 /// What mqblk needs from a qcow2 header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
@@ -99,6 +105,24 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
     if be32(head, 32) != 0 {
         return Err(Qcow2Error::Encrypted(path.display().to_string()));
     }
+    // What the tables may be, as QEMU bounds them: mqblk reads both before imago does.
+    let cluster = 1u64 << cluster_bits;
+    let (l1_offset, l1_entries) = (be64(head, 40), be32(head, 36));
+    if l1_offset % cluster != 0 || u64::from(l1_entries) * 8 > MAX_L1_BYTES {
+        return Err(bad(format!(
+            "an L1 table of {l1_entries} entries at {l1_offset} (cluster-aligned, at most {} \
+             entries)",
+            MAX_L1_BYTES / 8
+        )));
+    }
+    let (reftable_offset, reftable_clusters) = (be64(head, 48), be32(head, 56));
+    if reftable_offset % cluster != 0 || u64::from(reftable_clusters) * cluster > MAX_REFTABLE_BYTES
+    {
+        return Err(bad(format!(
+            "a refcount table of {reftable_clusters} clusters at {reftable_offset} \
+             (cluster-aligned, at most {MAX_REFTABLE_BYTES} bytes)"
+        )));
+    }
     let mut ext_start = 72usize;
     if version == 3 {
         if head.len() < 104 {
@@ -138,11 +162,11 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
         size: be64(head, 24),
         backing,
         backing_format: backing_format_ext(head, ext_start),
-        l1_offset: be64(head, 40),
-        l1_entries: be32(head, 36),
+        l1_offset,
+        l1_entries,
         snapshots: be32(head, 60),
-        reftable_offset: be64(head, 48),
-        reftable_clusters: be32(head, 56),
+        reftable_offset,
+        reftable_clusters,
         refcount_order: if version == 3 { be32(head, 96) } else { 4 },
     })
 }
@@ -350,6 +374,25 @@ mod tests {
         );
         let h = parse(Path::new("a.qcow2"), &v3(4096, 0, None)).unwrap();
         assert_eq!((h.backing, h.backing_format), (None, None));
+    }
+
+    #[test]
+    fn tables_out_of_bounds_or_unaligned_are_refused() {
+        let p = Path::new("a.qcow2");
+        for (at, value) in [
+            (36, (4u64 << 20) + 1), // L1 entries: one past 32 MiB
+            (40, 4096),             // L1 offset: not cluster-aligned
+            (48, 512),              // refcount table offset
+            (56, 129),              // refcount table clusters: past 8 MiB
+        ] {
+            let mut h = v3(1 << 30, 0, None);
+            match at {
+                36 | 56 => h[at..at + 4].copy_from_slice(&(value as u32).to_be_bytes()),
+                _ => h[at..at + 8].copy_from_slice(&value.to_be_bytes()),
+            }
+            let e = parse(p, &h).unwrap_err().to_string();
+            assert!(e.contains("table of"), "field at {at}: {e}");
+        }
     }
 
     #[test]
