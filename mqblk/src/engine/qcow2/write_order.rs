@@ -24,8 +24,10 @@
 //! and a new L2 table (not in the L1 table yet). The L1 table is mirrored here from the image
 //! at open and from imago's writes to it; a write to the header's cluster reloads it.
 //!
-//! What it costs is one device flush per group commit (the refcount block's), on a device with
-//! a volatile cache; none on one without (docs/PERFORMANCE.md section 13).
+//! What it costs is one written-through write per group commit (the refcount block's: the
+//! filesystem's sync path, and a device flush where the device has a volatile cache): 6-10% of
+//! allocating writes, measured alike with the device's cache in write-back and write-through
+//! mode (docs/PERFORMANCE.md 13b).
 //!
 //! One gap is imago's: it writes a new L2 table and the L1 entry that points at it (and a new
 //! refcount block and its refcount table entry) before the refcount block that counts the new
