@@ -30,6 +30,7 @@ use crate::format::qcow2::Qcow2Error;
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
+use super::table_io::TableIo;
 use super::unpersisted::Unpersisted;
 use super::write_order::WriteOrder;
 
@@ -91,6 +92,8 @@ pub struct Image {
     pub writes_durable: AtomicU64,
     /// Which of the top file's writes may stay plain (`None` when read-only).
     pub write_order: Option<Arc<WriteOrder>>,
+    /// The top file's tables, for mending outside imago (`None` when read-only).
+    pub tables: Option<TableIo>,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OpenError {
@@ -110,6 +113,26 @@ impl Image {
                 .get(usize::from(k) - 1)
                 .map(AsRawFd::as_raw_fd),
         }
+    }
+
+    /// Brings the image's own tables up to what the file holds, as the only backend writing
+    /// it from now on (imago's caches written back first, dropped after): each table counted
+    /// free is counted in use again ([`refcount_repair`](super::refcount_repair)), and the
+    /// write order's mirror of the L1 table is read again.
+    pub fn mend_tables(&self) -> std::io::Result<()> {
+        let (Some(tables), Some(order)) = (&self.tables, &self.write_order) else {
+            return Ok(());
+        };
+        for table in tables.repair_table_refcounts()? {
+            tracing::warn!(
+                offset = table,
+                "a qcow2 table was counted free (its allocation was cut short by a crash): \
+                 counted in use again"
+            );
+        }
+        let (header, l1) = tables.read_l1()?;
+        order.reload(&header, &l1);
+        Ok(())
     }
 
     /// Whether every metadata-path write so far has its metadata on stable storage: only then
@@ -285,22 +308,12 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
     let for_ring = file.try_clone().map_err(io_err("cannot duplicate", path))?;
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
-        let repaired = top_file
-            .repair_table_refcounts()
-            .map_err(io_err("cannot check the refcounts of the tables of", path))?;
-        for table in repaired {
-            tracing::warn!(
-                image = %path.display(),
-                offset = table,
-                "a qcow2 table was counted free (its allocation was cut short by a crash): \
-                 counted in use again"
-            );
-        }
         top_file = top_file
             .ordered()
             .map_err(io_err("cannot read the L1 table of", path))?;
     }
     let write_order = top_file.write_order();
+    let tables = writable.then(|| top_file.tables());
     let qcow2 = block_on(
         Qcow2::builder(top_file)
             .backing(below)
@@ -325,6 +338,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
         writes_done: AtomicU64::new(0),
         writes_durable: AtomicU64::new(0),
         write_order,
+        tables,
     })
 }
 

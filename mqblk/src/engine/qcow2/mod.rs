@@ -35,6 +35,7 @@ mod mapping;
 mod metadata;
 mod refcount_repair;
 mod storage;
+mod table_io;
 mod unpersisted;
 mod uring_io;
 mod write_order;
@@ -299,6 +300,8 @@ impl Engine for Qcow2Engine {
         // is dropped and the mutable header fields re-read.
         let image = self.image();
         block_on(image.access.flush())?;
+        // Before imago reads a refcount again, and allocates.
+        image.mend_tables()?;
         // SAFETY: no request is in flight (the contract of `refresh`), so neither imago nor
         // any thread holds a mapping; the on-disk state is consistent (just flushed here, or
         // by the backend that changed it).

@@ -1,4 +1,4 @@
-//! At open, the refcounts of the image's own tables: an L2 table or refcount block that its
+//! Before anything is allocated, the refcounts of the image's own tables: an L2 table or refcount block that its
 //! L1 table or refcount table points at, counted 0, is counted 1 again.
 //!
 //! imago writes a new L2 table and the L1 entry that points at it (and a new refcount block
@@ -9,7 +9,9 @@
 //! with guest data. `qemu-img check` reports it as an error (`refcount=0 reference=1`). Only
 //! these tables are exposed (a data cluster's refcount is written before the L2 entry that
 //! uses it), so only they are checked, which costs reading the refcount blocks that count
-//! them, not a walk of every L2 table.
+//! them, not a walk of every L2 table. It runs when an export's first ring starts
+//! ([`Image::mend_tables`](super::image::Image::mend_tables)), not at open: until then the source
+//! of a live migration may still be writing the image.
 
 use std::io;
 

@@ -17,17 +17,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::executor::block_on;
-use imago::io_buffers::{IoBuffer, IoVector, IoVectorMut};
+use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::storage::PreallocateMode;
 use imago::{Storage, StorageOpenOptions};
 
 use super::data_writes;
-use super::refcount_repair;
+use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
-use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
 
 /// How far ahead of its writes the top image file is grown (see `RingFile::grow_for`).
 const GROWTH: u64 = 16 << 20;
@@ -48,6 +46,8 @@ pub struct RingFile {
     /// Which writes may stay plain (the top image's; without it every write but guest data is
     /// written through).
     order: Option<Arc<WriteOrder>>,
+    /// The same file, for the tables [`WriteOrder`] mirrors.
+    tables: TableIo,
     helper: CommonStorageHelper,
 }
 
@@ -66,6 +66,8 @@ impl RingFile {
             .direct(direct);
         let probe = imago::file::File::from_open_file(file.try_clone()?, opts)?;
         let size = file.metadata()?.len();
+        let align = probe.mem_align().max(probe.req_align());
+        let tables = TableIo::new(file.try_clone()?, path, align);
         Ok(RingFile {
             mem_align: probe.mem_align(),
             req_align: probe.req_align(),
@@ -76,13 +78,14 @@ impl RingFile {
             size: AtomicU64::new(size),
             prealloc: writable,
             order: None,
+            tables,
             helper: CommonStorageHelper::default(),
         })
     }
 
     /// The same, with its write ordering read from the image (the top image of a chain).
     pub fn ordered(mut self) -> io::Result<RingFile> {
-        let (header, l1) = self.read_l1()?;
+        let (header, l1) = self.tables.read_l1()?;
         self.order = Some(Arc::new(WriteOrder::new(&header, &l1)));
         Ok(self)
     }
@@ -92,58 +95,9 @@ impl RingFile {
         self.order.clone()
     }
 
-    /// The image's header and the bytes of its L1 table, as the file holds them.
-    fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
-        let size = self.size.load(Ordering::Acquire);
-        let head = self.read_blocking(0, HEAD_BYTES.min(size as usize))?;
-        let header = header::parse(&self.filename, &head).map_err(io::Error::other)?;
-        let l1 = self.read_blocking(header.l1_offset, header.l1_entries as usize * 8)?;
-        Ok((header, l1))
-    }
-
-    /// Counts 1 each of the image's own tables that is counted 0 ([`refcount_repair`]), before
-    /// imago opens it; returns their offsets.
-    pub fn repair_table_refcounts(&self) -> io::Result<Vec<u64>> {
-        let (header, l1) = self.read_l1()?;
-        refcount_repair::repair(
-            &header,
-            &l1,
-            self.size.load(Ordering::Acquire),
-            |offset, len| self.read_blocking(offset, len),
-            |offset, bytes| self.write_through_blocking(offset, bytes),
-        )
-    }
-
-    /// Writes `bytes` (a whole number of aligned blocks) at `offset`, blocking, written
-    /// through.
-    fn write_through_blocking(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        let align = self.mem_align.max(self.req_align).max(512);
-        let mut buf = IoBuffer::new(bytes.len(), align)?;
-        buf.as_mut().into_slice().copy_from_slice(bytes);
-        // SAFETY: the buffer is valid for the call, and blocking: no ring on a control thread
-        // opening an image.
-        block_on(unsafe { self.pure_writev(IoVector::from(buf.as_ref().into_slice()), offset) })
-    }
-
-    /// `len` bytes at `offset`, read blocking through a buffer aligned for O_DIRECT (zeros
-    /// past the end of the file).
-    fn read_blocking(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let align = self.mem_align.max(self.req_align).max(512) as u64;
-        let start = offset / align * align;
-        let end = (offset + len as u64).next_multiple_of(align);
-        let mut buf = IoBuffer::new((end - start) as usize, align as usize)?;
-        let bytes = buf.as_mut().into_slice();
-        let mut done = 0;
-        while done < bytes.len() {
-            let n = rustix::io::pread(&self.file, &mut bytes[done..], start + done as u64)?;
-            if n == 0 {
-                bytes[done..].fill(0);
-                break;
-            }
-            done += n;
-        }
-        let from = (offset - start) as usize;
-        Ok(bytes[from..from + len].to_vec())
+    /// Its tables, for reading and mending outside imago.
+    pub fn tables(&self) -> TableIo {
+        self.tables.clone()
     }
 
     /// `fdatasync`, on the ring if this thread has one; the plain writes before it are then
@@ -266,7 +220,7 @@ impl RingFile {
                 if order.wrote_through(offset, &bytes) {
                     // The header changed (the L1 table may have moved); without it, every
                     // table is written through from now on.
-                    match self.read_l1() {
+                    match self.tables.read_l1() {
                         Ok((header, l1)) => order.reload(&header, &l1),
                         Err(e) => {
                             tracing::warn!(err = %e, "cannot read the qcow2 L1 table again");

@@ -33,7 +33,7 @@
 //! refcount block and its refcount table entry) before the refcount block that counts the new
 //! table's cluster (QEMU writes the refcount first). A crash before the allocating job's group
 //! commit leaves the table counted free; [`refcount_repair`](super::refcount_repair) counts it
-//! again when the image is next opened, before anything is allocated.
+//! again when an export of the image next starts its first ring, before anything is allocated.
 
 use std::collections::HashSet;
 use std::sync::Mutex;

@@ -1,0 +1,106 @@
+//! The image's own tables read and written outside imago, blocking: the header and L1 table
+//! that [`WriteOrder`](super::write_order) mirrors, and the refcounts
+//! [`refcount_repair`](super::refcount_repair) mends. Reads go through a buffer aligned for
+//! O_DIRECT (the descriptor is imago's, with its flags); writes are written through.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use imago::io_buffers::IoBuffer;
+
+use super::refcount_repair;
+use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
+
+/// An image file, for its tables.
+#[derive(Debug, Clone)]
+pub struct TableIo {
+    file: Arc<File>,
+    path: PathBuf,
+    /// What O_DIRECT needs of a buffer's address, an offset and a length.
+    align: usize,
+}
+
+impl TableIo {
+    /// `file` (at `path`, for messages), whose O_DIRECT alignment is `align`.
+    pub fn new(file: File, path: &Path, align: usize) -> TableIo {
+        TableIo {
+            file: Arc::new(file),
+            path: path.to_path_buf(),
+            align: align.max(512),
+        }
+    }
+
+    /// The image's header and the bytes of its L1 table, as the file holds them.
+    pub fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
+        let size = self.file.metadata()?.len();
+        let head = self.read(0, HEAD_BYTES.min(size as usize))?;
+        let header = header::parse(&self.path, &head).map_err(io::Error::other)?;
+        let l1 = self.read(header.l1_offset, header.l1_entries as usize * 8)?;
+        Ok((header, l1))
+    }
+
+    /// Counts 1 each of the image's own tables that is counted 0 ([`refcount_repair`]);
+    /// returns their offsets. Only while nothing else writes the image: before imago
+    /// allocates, with no other backend serving it.
+    pub fn repair_table_refcounts(&self) -> io::Result<Vec<u64>> {
+        let (header, l1) = self.read_l1()?;
+        refcount_repair::repair(
+            &header,
+            &l1,
+            self.file.metadata()?.len(),
+            |offset, len| self.read(offset, len),
+            |offset, bytes| self.write_through(offset, bytes),
+        )
+    }
+
+    /// `len` bytes at `offset` (zeros past the end of the file).
+    pub fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let align = self.align as u64;
+        let start = offset / align * align;
+        let end = (offset + len as u64).next_multiple_of(align);
+        let mut buf = IoBuffer::new((end - start) as usize, self.align)?;
+        let bytes = buf.as_mut().into_slice();
+        let mut done = 0;
+        while done < bytes.len() {
+            let n = rustix::io::pread(&*self.file, &mut bytes[done..], start + done as u64)?;
+            if n == 0 {
+                bytes[done..].fill(0);
+                break;
+            }
+            done += n;
+        }
+        let from = (offset - start) as usize;
+        Ok(bytes[from..from + len].to_vec())
+    }
+
+    /// Writes `bytes` (aligned blocks) at `offset`, durable when this returns (`RWF_DSYNC`).
+    fn write_through(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut buf = IoBuffer::new(bytes.len(), self.align)?;
+        let data = buf.as_mut().into_slice();
+        data.copy_from_slice(bytes);
+        let mut done = 0;
+        while done < data.len() {
+            let iov = libc::iovec {
+                iov_base: data[done..].as_mut_ptr().cast(),
+                iov_len: data.len() - done,
+            };
+            let at = (offset + done as u64) as libc::off_t;
+            // SAFETY: one iovec over a buffer valid for the call.
+            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_DSYNC) };
+            match n {
+                1.. => done += n as usize,
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                _ => {
+                    let err = io::Error::last_os_error();
+                    if err.raw_os_error() != Some(libc::EINTR) {
+                        return Err(err);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
