@@ -898,7 +898,7 @@ fn refcounts_and_the_l1_table_are_durable_when_a_write_into_a_new_cluster_comple
 /// (It is mended when the first ring starts, not at open: until then the source of a live
 /// migration may still be writing the image.)
 #[test]
-fn a_table_left_counted_free_by_a_crash_is_counted_again_at_open() {
+fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allocated() {
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
     let name = img.display().to_string();
