@@ -368,9 +368,12 @@ fn a_runtime_snapshot_under_load_leaves_a_consistent_backup() {
 
     // The second half is written (and verified) while the snapshot is taken.
     let seed_b = 0xbb;
+    // One request at a time per job, so that it is still under way when the snapshot comes
+    // on a loaded machine too (at iodepth 4 it could end first when the test shared the CPUs
+    // with a build).
     let mut second = verify_workload(&sock, 2, 2, 2048, seed_b);
     second.region = Some((SIZE / 2, SIZE / 2));
-    second.iodepth = 4;
+    second.iodepth = 1;
     let load = std::thread::spawn(move || mqblk_client::run(&second));
     std::thread::sleep(Duration::from_millis(300));
     let overlay = dir.join("after.qcow2");
@@ -885,6 +888,17 @@ fn refcounts_and_the_l1_table_are_durable_when_a_write_into_a_new_cluster_comple
             "the {what} at {at:#x} is durable after a flush"
         );
     }
+    // A discard frees nothing here (imago keeps a zeroed cluster's allocation; only a
+    // compressed one is freed), so it does not make later refcount writes sync first: the
+    // data of the next new cluster stays in the cache.
+    c.discard(0, 9 * CLUSTER, CLUSTER).unwrap();
+    c.write(0, 12 * CLUSTER, &[0x3c; 4096]).unwrap();
+    assert!(data(12) != 0);
+    assert_eq!(dirty(refblock), 0, "the refcount block is durable");
+    assert!(
+        dirty(data(12)) > 0,
+        "no sync before the refcount block after a discard"
+    );
     drop(c);
     d.stop();
     assert_checks_clean(&img, false);
@@ -939,4 +953,78 @@ fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allo
     assert_checks_clean(&img, false);
     qemu_io_ok(&img, "read -P 0x5a 0 4k");
     qemu_io_ok(&img, "read -P 0xa7 458752 4k");
+}
+
+/// Zeroing a compressed cluster frees it (imago keeps the allocation of any other zeroed
+/// cluster), and its refcount may only drop once the L2 entry that stopped using it is
+/// durable: from then on a refcount block is written only after a sync of the L2 entries
+/// written plain before it, which here takes the data of a new cluster with it (the test
+/// `refcounts_and_the_l1_table_are_durable_...` sees that a discard that frees nothing does
+/// not).
+#[test]
+fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
+    let dir = TestDir::new();
+    if rustix::fs::statfs(dir.path()).unwrap().f_type == libc::TMPFS_MAGIC {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_TMPFS_TMP",
+            "the test directory is on a tmpfs, whose pages are never clean",
+        );
+        return;
+    }
+    // Data in the first half only, compressed (so it must compress): the second half is
+    // unallocated.
+    let raw = dir.join("half.raw");
+    std::fs::write(&raw, vec![0x11u8; (SIZE / 2) as usize]).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&raw)
+        .unwrap()
+        .set_len(SIZE)
+        .unwrap();
+    let img = dir.join("disk.qcow2");
+    qemu_img_ok(&[
+        "convert",
+        "-c",
+        "-f",
+        "raw",
+        "-O",
+        "qcow2",
+        &raw.display().to_string(),
+        &img.display().to_string(),
+    ]);
+    let (_, info) = support::qemu_img::qemu_img(&["check", &img.display().to_string()]).unwrap();
+    assert!(info.contains("100.00% compressed"), "{info}");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(1)
+        .direct(false)
+        .set("format", "qcow2");
+    let mut d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    if dirty_pages(&img, 0, 4096).is_none() {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_NO_CACHESTAT",
+            "this kernel has no cachestat(2) to see dirty pages with",
+        );
+        return;
+    }
+    c.write_zeroes(0, 0, CLUSTER, false).unwrap();
+    // Two new clusters: the first one's L2 entry is written plain, so the refcount block of
+    // the second is written after a sync, which takes the second's data with it.
+    c.write(0, SIZE / 2 + 4 * CLUSTER, &[0x66; 4096]).unwrap();
+    let new = SIZE / 2 + 5 * CLUSTER;
+    c.write(0, new, &[0x77; 4096]).unwrap();
+    let mask = 0x00ff_ffff_ffff_fe00;
+    let l2 = be64_at(&img, be64_at(&img, 40)) & mask;
+    let data = be64_at(&img, l2 + 8 * (new / CLUSTER)) & mask;
+    assert!(data != 0);
+    assert_eq!(
+        dirty_pages(&img, data, CLUSTER).unwrap(),
+        0,
+        "the refcount block's write synced the data written before it"
+    );
+    assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![0; 4096]);
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
 }

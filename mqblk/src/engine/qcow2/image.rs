@@ -222,6 +222,21 @@ pub async fn write_kind(top: &Access, offset: u64, len: u64) -> std::io::Result<
     Ok(kind)
 }
 
+/// Whether the top image holds a compressed cluster in `len` bytes at guest `offset` (zeroing
+/// frees those, and keeps the allocation of every other cluster).
+pub async fn compressed_in(top: &Access, offset: u64, len: u64) -> std::io::Result<bool> {
+    let (mut at, end) = (offset, offset + len);
+    while at < end {
+        let (mapping, n) = top.get_shallow_mapping(at, end - at).await?;
+        match mapping {
+            ShallowMapping::Special { .. } => return Ok(true),
+            _ if n == 0 => break,
+            _ => at += n,
+        }
+    }
+    Ok(false)
+}
+
 /// Opens `path` for imago and for the rings alike: read-write unless `writable` is false, with
 /// O_DIRECT if `direct`.
 fn open_file(path: &Path, writable: bool, direct: bool) -> Result<std::fs::File, OpenError> {

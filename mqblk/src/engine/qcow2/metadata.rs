@@ -40,7 +40,9 @@ use rustix::event::{eventfd, EventfdFlags};
 use super::cow;
 use super::data_writes;
 use super::executor::Executor;
-use super::image::{resolve, write_kind, Image, Invalidation, WriteKind, INVALIDATIONS_KEPT};
+use super::image::{
+    compressed_in, resolve, write_kind, Image, Invalidation, WriteKind, INVALIDATIONS_KEPT,
+};
 use super::mapping::Target;
 use super::uring_io;
 
@@ -545,8 +547,10 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
         },
         Work::Zero { offset, len, unmap } => {
             image.unpersisted.add_zeroing();
-            // imago may free clusters it turns into zeros.
-            may_free(image);
+            // imago keeps the allocation of what it zeroes, but frees a compressed cluster.
+            if !matches!(compressed_in(&image.access, *offset, *len).await, Ok(false)) {
+                may_free(image);
+            }
             let done = match zero(image, *offset, *len, *unmap).await {
                 Ok(()) => Done {
                     persist: Persist::WriteBack,

@@ -16,7 +16,8 @@
 //! - an L2 table that the L1 table already points at: allocating writes only add entries to
 //!   it, and nothing imago writes later relies on them, except the refcount decrement of a
 //!   cluster an entry stopped using. Clusters are freed only when a write replaces a
-//!   compressed, shared (internal snapshot) or preallocated zero cluster, or a range is zeroed;
+//!   compressed, shared (internal snapshot) or preallocated zero cluster, or a range holding
+//!   a compressed cluster is zeroed (imago keeps the allocation of other zeroed clusters);
 //!   once that may have happened ([`WriteOrder::may_free`]), a write-through write first syncs
 //!   the plain ones before it.
 //!
