@@ -826,6 +826,44 @@ fn dirty_pages(path: &Path, offset: u64, len: u64) -> Option<u64> {
     (r == 0).then_some(stat[1])
 }
 
+/// A test directory whose files' dirty pages can be told from clean ones (not a tmpfs, whose
+/// pages are never clean); `None` (the test skips) where the environment allows that.
+fn page_cache_dir() -> Option<TestDir> {
+    let dir = TestDir::new();
+    if rustix::fs::statfs(dir.path()).unwrap().f_type == libc::TMPFS_MAGIC {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_TMPFS_TMP",
+            "the test directory is on a tmpfs, whose pages are never clean",
+        );
+        return None;
+    }
+    Some(dir)
+}
+
+/// Whether this kernel shows `path`'s dirty pages (false: the test skips, where the
+/// environment allows that).
+fn sees_dirty_pages(path: &Path) -> bool {
+    if dirty_pages(path, 0, 4096).is_some() {
+        return true;
+    }
+    support::skip::skip_unless_allowed(
+        "MQBLK_TEST_ALLOW_NO_CACHESTAT",
+        "this kernel has no cachestat(2) to see dirty pages with",
+    );
+    false
+}
+
+/// The offset bits of an L1, L2 or refcount table entry.
+const ENTRY_OFFSET: u64 = 0x00ff_ffff_ffff_fe00;
+
+/// Where the first L2 table and the first refcount block of `img` are (header fields at 40
+/// and 48: the L1 table's offset and the refcount table's).
+fn first_tables(img: &Path) -> (u64, u64) {
+    let l2 = be64_at(img, be64_at(img, 40)) & ENTRY_OFFSET;
+    let refblock = be64_at(img, be64_at(img, 48)) & ENTRY_OFFSET;
+    (l2, refblock)
+}
+
 /// The big-endian u64 at `offset` of `path`, as the page cache holds it.
 fn be64_at(path: &Path, offset: u64) -> u64 {
     use std::os::unix::fs::FileExt;
@@ -845,32 +883,21 @@ fn be64_at(path: &Path, offset: u64) -> u64 {
 /// `direct=off` on a disk filesystem: durable pages are clean.
 #[test]
 fn refcounts_and_the_l1_table_are_durable_when_a_write_into_a_new_cluster_completes() {
-    let dir = TestDir::new();
-    if rustix::fs::statfs(dir.path()).unwrap().f_type == libc::TMPFS_MAGIC {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_TMPFS_TMP",
-            "the test directory is on a tmpfs, whose pages are never clean",
-        );
+    let Some(dir) = page_cache_dir() else {
         return;
-    }
+    };
     let (img, sock, export) = new_qcow2(&dir, 1);
     let mut d = Daemon::start(&dir, &[export.direct(false)]);
     let mut c = Client::connect(&sock, 1).unwrap();
-    if dirty_pages(&img, 0, 4096).is_none() {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_NO_CACHESTAT",
-            "this kernel has no cachestat(2) to see dirty pages with",
-        );
+    if !sees_dirty_pages(&img) {
         return;
     }
     let dirty = |offset: u64| dirty_pages(&img, offset, CLUSTER).unwrap();
     // The first write allocates the L2 table of the first 512 MiB, then its data cluster.
     c.write(0, 3 * CLUSTER + 4096, &[0x5a; 4096]).unwrap();
-    let (l1, reftable) = (be64_at(&img, 40), be64_at(&img, 48));
-    let mask = 0x00ff_ffff_ffff_fe00;
-    let l2 = be64_at(&img, l1) & mask;
-    let refblock = be64_at(&img, reftable) & mask;
-    let data = |guest_cluster: u64| be64_at(&img, l2 + 8 * guest_cluster) & mask;
+    let l1 = be64_at(&img, 40);
+    let (l2, refblock) = first_tables(&img);
+    let data = |guest_cluster: u64| be64_at(&img, l2 + 8 * guest_cluster) & ENTRY_OFFSET;
     assert!(l2 != 0 && refblock != 0 && data(3) != 0);
     assert_eq!(dirty(refblock), 0, "the refcount block is durable");
     assert_eq!(dirty(l1), 0, "the L1 table is durable");
@@ -918,9 +945,7 @@ fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allo
     let name = img.display().to_string();
     qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
     qemu_io_ok(&img, "write -P 0x5a 0 4k");
-    let mask = 0x00ff_ffff_ffff_fe00;
-    let l2 = be64_at(&img, be64_at(&img, 40)) & mask;
-    let refblock = be64_at(&img, be64_at(&img, 48)) & mask;
+    let (l2, refblock) = first_tables(&img);
     {
         use std::os::unix::fs::FileExt;
         let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
@@ -963,14 +988,9 @@ fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allo
 /// not).
 #[test]
 fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
-    let dir = TestDir::new();
-    if rustix::fs::statfs(dir.path()).unwrap().f_type == libc::TMPFS_MAGIC {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_TMPFS_TMP",
-            "the test directory is on a tmpfs, whose pages are never clean",
-        );
+    let Some(dir) = page_cache_dir() else {
         return;
-    }
+    };
     // Data in the first half only, compressed (so it must compress): the second half is
     // unallocated.
     let raw = dir.join("half.raw");
@@ -1001,11 +1021,7 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
         .set("format", "qcow2");
     let mut d = Daemon::start(&dir, &[export]);
     let mut c = Client::connect(&sock, 1).unwrap();
-    if dirty_pages(&img, 0, 4096).is_none() {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_NO_CACHESTAT",
-            "this kernel has no cachestat(2) to see dirty pages with",
-        );
+    if !sees_dirty_pages(&img) {
         return;
     }
     c.write_zeroes(0, 0, CLUSTER, false).unwrap();
@@ -1014,9 +1030,8 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
     c.write(0, SIZE / 2 + 4 * CLUSTER, &[0x66; 4096]).unwrap();
     let new = SIZE / 2 + 5 * CLUSTER;
     c.write(0, new, &[0x77; 4096]).unwrap();
-    let mask = 0x00ff_ffff_ffff_fe00;
-    let l2 = be64_at(&img, be64_at(&img, 40)) & mask;
-    let data = be64_at(&img, l2 + 8 * (new / CLUSTER)) & mask;
+    let (l2, _) = first_tables(&img);
+    let data = be64_at(&img, l2 + 8 * (new / CLUSTER)) & ENTRY_OFFSET;
     assert!(data != 0);
     assert_eq!(
         dirty_pages(&img, data, CLUSTER).unwrap(),
