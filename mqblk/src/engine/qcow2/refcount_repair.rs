@@ -15,10 +15,7 @@
 
 use std::io;
 
-use crate::format::qcow2::header::Header;
-
-/// The offset bits of an L1 or refcount table entry.
-const OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+use crate::format::qcow2::header::{table_entries, Header};
 
 /// The refcount of entry `index` of a refcount block of `bits`-bit entries.
 fn get(block: &[u8], index: u64, bits: u32) -> u64 {
@@ -53,11 +50,9 @@ fn set(block: &mut [u8], index: u64, bits: u32, value: u64) {
     }
 }
 
+/// The tables an L1 or refcount table points at.
 fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
-    table
-        .chunks_exact(8)
-        .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & OFFSET_MASK)
-        .filter(|&o| o != 0)
+    table_entries(table).filter(|&o| o != 0)
 }
 
 /// Counts 1 every L2 table and refcount block of the image (`header`, whose L1 table's bytes
@@ -79,10 +74,7 @@ pub fn repair(
         header.reftable_offset,
         header.reftable_clusters as usize * cluster,
     )?;
-    let refblocks: Vec<u64> = reftable
-        .chunks_exact(8)
-        .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & OFFSET_MASK)
-        .collect();
+    let refblocks: Vec<u64> = table_entries(&reftable).collect();
     // The L2 tables and refcount blocks, and the clusters of the L1 and refcount tables
     // themselves (a grown table is as exposed as a new L2 table).
     let spans = |offset: u64, len: u64| {

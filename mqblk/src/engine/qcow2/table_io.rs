@@ -5,11 +5,11 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use imago::io_buffers::IoBuffer;
+use rustix::io::ReadWriteFlags;
 
 use super::refcount_repair;
 use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
@@ -90,22 +90,13 @@ impl TableIo {
         data.copy_from_slice(bytes);
         let mut done = 0;
         while done < data.len() {
-            let iov = libc::iovec {
-                iov_base: data[done..].as_mut_ptr().cast(),
-                iov_len: data.len() - done,
-            };
-            let at = (offset + done as u64) as libc::off_t;
-            // SAFETY: one iovec over a buffer valid for the call.
-            let n = unsafe { libc::pwritev2(self.file.as_raw_fd(), &iov, 1, at, libc::RWF_DSYNC) };
-            match n {
-                1.. => done += n as usize,
-                0 => return Err(io::ErrorKind::WriteZero.into()),
-                _ => {
-                    let err = io::Error::last_os_error();
-                    if err.raw_os_error() != Some(libc::EINTR) {
-                        return Err(err);
-                    }
-                }
+            let at = offset + done as u64;
+            let slice = [io::IoSlice::new(&data[done..])];
+            match rustix::io::pwritev2(&*self.file, &slice, at, ReadWriteFlags::DSYNC) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())

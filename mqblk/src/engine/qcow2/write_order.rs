@@ -39,10 +39,7 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use crate::format::qcow2::header::Header;
-
-/// The offset bits of an L1 entry.
-const L1_OFFSET_MASK: u64 = 0x00ff_ffff_ffff_fe00;
+use crate::format::qcow2::header::{table_entries, Header};
 
 /// How one write goes to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,11 +76,7 @@ struct State {
 impl State {
     fn load(&mut self, header: &Header, l1: &[u8]) {
         self.l1_offset = header.l1_offset;
-        self.l1 = l1
-            .chunks_exact(8)
-            .take(header.l1_entries as usize)
-            .map(|e| u64::from_be_bytes(e.try_into().expect("8 bytes")) & L1_OFFSET_MASK)
-            .collect();
+        self.l1 = table_entries(l1).take(header.l1_entries as usize).collect();
         self.l2 = self.l1.iter().copied().filter(|&t| t != 0).collect();
         // Internal snapshots share clusters: writes free them.
         self.frees |= header.snapshots > 0;
@@ -160,8 +153,9 @@ impl WriteOrder {
             while entry + 8 <= end.min(l1_end) && entry >= s.l1_offset {
                 let i = ((entry - s.l1_offset) / 8) as usize;
                 let within = (entry - at) as usize;
-                let value = u64::from_be_bytes(b[within..within + 8].try_into().expect("8 bytes"))
-                    & L1_OFFSET_MASK;
+                let value = table_entries(&b[within..within + 8])
+                    .next()
+                    .expect("8 bytes");
                 let old = std::mem::replace(&mut s.l1[i], value);
                 if old != value {
                     if old != 0 && !s.l1.contains(&old) {

@@ -77,6 +77,16 @@ fn be64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// The offset bits of an L1 or refcount table entry (the rest are flags, or reserved).
+const TABLE_ENTRY_OFFSET: u64 = 0x00ff_ffff_ffff_fe00;
+
+/// The file offsets an L1 or refcount table's bytes hold, entry by entry (0: none).
+pub fn table_entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    table
+        .chunks_exact(8)
+        .map(|e| be64(e, 0) & TABLE_ENTRY_OFFSET)
+}
+
 /// Whether `head` (an image's first bytes) starts with the qcow2 magic.
 pub fn is_qcow2(head: &[u8]) -> bool {
     head.len() >= 4 && be32(head, 0) == MAGIC
