@@ -123,7 +123,16 @@ impl Image {
         let (Some(tables), Some(order)) = (&self.tables, &self.write_order) else {
             return Ok(());
         };
-        for table in tables.repair_table_refcounts()? {
+        // Once per start of an export's rings: what it costs is logged (docs/PERFORMANCE.md
+        // 13b takes it from there).
+        let began = std::time::Instant::now();
+        let repaired = tables.repair_table_refcounts()?;
+        tracing::debug!(
+            micros = began.elapsed().as_micros() as u64,
+            repaired = repaired.len(),
+            "qcow2 tables' refcounts checked"
+        );
+        for table in repaired {
             tracing::warn!(
                 offset = table,
                 "a qcow2 table was counted free (its allocation was cut short by a crash): \
