@@ -19,6 +19,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use imago::io_buffers::{IoBuffer, IoVector};
+use imago::storage::ext::StorageExt;
 
 use super::data_writes;
 use super::image::{resolve, Image};
@@ -64,19 +65,67 @@ pub async fn write_into_new_cluster(
         at += n;
     }
     let (head, tail) = ((offset - start) as usize, (offset - start + len) as usize);
-    let mut whole = IoVector::with_capacity(data.len() + 2);
-    if head > 0 {
-        whole.push(rest.as_ref_range(0..head).into_slice());
-    }
-    for d in data {
-        whole.push(d);
-    }
-    if tail < size as usize {
-        whole.push(rest.as_ref_range(tail..size as usize).into_slice());
-    }
+    let whole = || {
+        let mut whole = IoVector::with_capacity(data.len() + 2);
+        if head > 0 {
+            whole.push(rest.as_ref_range(0..head).into_slice());
+        }
+        for d in data {
+            whole.push(d);
+        }
+        if tail < size as usize {
+            whole.push(rest.as_ref_range(tail..size as usize).into_slice());
+        }
+        whole
+    };
     // The rest is data as much as the guest's part is (`data_writes`).
     let _data = data_writes::register(&[rest.as_ref().into_slice()]);
-    Some(image.access.writev(whole, start).await)
+    Some(write_cluster(image, whole, start, size).await)
+}
+
+/// Writes `whole`, the new contents of the cluster at guest `start` (`size` bytes), and maps
+/// the cluster: mapped first and written after where it may be
+/// ([`early_maps`](super::early_maps)), so that
+/// imago's lock of the L2 table is not held through the write.
+async fn write_cluster<'a>(
+    image: &Image,
+    whole: impl Fn() -> IoVector<'a>,
+    start: u64,
+    size: u64,
+) -> io::Result<()> {
+    let Some(order) = image.write_order.as_deref() else {
+        return image.access.writev(whole(), start).await;
+    };
+    let mapping = image.access.prepare_data_mapping(start, size, true).await?;
+    let (storage, at) = (mapping.storage(), mapping.offset());
+    if mapping.length() < size {
+        // Not one cluster (cannot be, for a cluster-aligned range): imago's own write.
+        drop(mapping);
+        return image.access.writev(whole(), start).await;
+    }
+    let Some(early) = order.begin_early() else {
+        // An L2 table write waits for the early ones: data first, as imago does.
+        storage.writev(whole(), at).await?;
+        return image.access.commit_data_mapping(mapping).await;
+    };
+    image.access.commit_data_mapping(mapping).await?;
+    let mut written = storage.writev(whole(), at).await;
+    if written.is_err() {
+        // Once more before giving the image up.
+        written = storage.writev(whole(), at).await;
+    }
+    if let Err(e) = &written {
+        order.early.set_broken();
+        tracing::error!(
+            err = %e,
+            offset = at,
+            "qcow2: a new cluster's data could not be written after its mapping: every \
+             further metadata write and metadata-path request of this image fails; the file \
+             keeps what the last write-back wrote (every acknowledged write)"
+        );
+    }
+    drop(early);
+    written
 }
 
 /// Fills `buf` from `fd` at `offset`; past the end of the file, with zeros.

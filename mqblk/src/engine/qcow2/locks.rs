@@ -1,6 +1,8 @@
 //! What a metadata-path write holds while it works: its guest clusters, so that no other write
 //! changes a cluster between the copy-on-write's read of the cluster's rest and its write of
-//! the whole cluster ([`cow`](super::cow)).
+//! the whole cluster ([`cow`](super::cow)), and no read sees a new cluster mapped before its
+//! data is written ([`early_maps`](super::early_maps)); reads on the metadata path hold
+//! theirs too.
 //!
 //! A write holds its whole range of clusters at once, so no two writes can wait for each
 //! other. What is held is a list of ranges, one per write at work (at most the worker's

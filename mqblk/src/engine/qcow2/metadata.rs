@@ -20,10 +20,11 @@
 //! refcount block before the L2 table that uses its cluster) are durable when they complete
 //! ([`write_order`](super::write_order)), so imago's order is the order in which they reach
 //! stable storage. The worker does that as a group commit: one write-back covers every
-//! job that finished before it began. A guest flush syncs data written into new clusters
-//! first, then writes back whatever imago still holds and syncs everything. Between two
-//! flushes a power loss may leave an L2 entry on disk whose data is not: the cluster then reads
-//! as what the file held there, which only an unflushed write can meet.
+//! job that finished before it began; the data of its new clusters is synced before the L2
+//! tables that map them are written (`write_order`: a new cluster holds backing data the guest
+//! never wrote, which an L2 entry on disk without it would lose in a power loss). A guest
+//! flush syncs data written into new clusters first, then writes back whatever imago still
+//! holds and syncs everything.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -457,10 +458,20 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             return failed(io::Error::from_raw_os_error(libc::EINVAL));
         }
     }
+    if image.write_order.as_ref().is_some_and(|o| o.early.broken()) {
+        // A mapping may point at a cluster without its data (`early_maps`).
+        return failed(io::Error::from_raw_os_error(libc::EIO));
+    }
     match work {
         Work::Read { offset, iovs } => {
             // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
             let (bufs, len) = unsafe { slices(iovs) };
+            // A new cluster may be mapped before its data is written (`early_maps`): its
+            // write holds it until then.
+            let _clusters = image
+                .cow_locks
+                .lock_range(*offset, len as u64, image.cluster_bits)
+                .await;
             let mut v = IoVectorMut::with_capacity(bufs.len());
             for b in bufs {
                 v.push(b);

@@ -28,6 +28,7 @@
 mod channel;
 mod cow;
 mod data_writes;
+mod early_maps;
 mod executor;
 mod image;
 mod locks;

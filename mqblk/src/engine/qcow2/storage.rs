@@ -2,9 +2,9 @@
 //! metadata worker's ring ([`uring_io`](super::uring_io)), so the copy-on-writes and table
 //! write-backs of the jobs a worker runs are in flight together; on a thread without a ring (a
 //! control thread opening, resizing or snapshotting the image) they are blocking system calls.
-//! Zeroing, discard and resize are rare and always blocking. Every write but the guest's data
-//! is written through ([`data_writes`](super::data_writes)): imago's ordering of its metadata
-//! holds on stable storage.
+//! Zeroing, discard and resize are rare and always blocking. A write goes plain, plain after a
+//! sync, or written through, as [`write_order`](super::write_order) says: imago's ordering of
+//! its metadata, and guest data before the L2 entries that point at it, hold on stable storage.
 //!
 //! The alignments O_DIRECT needs are probed once, by imago's own `File` over the same
 //! descriptor, at open.
@@ -48,6 +48,8 @@ pub struct RingFile {
     order: Option<Arc<WriteOrder>>,
     /// The same file, for the tables [`WriteOrder`] mirrors.
     tables: TableIo,
+    /// Held through a sync that [`WriteOrder`] asked for.
+    syncing: futures::lock::Mutex<()>,
     helper: CommonStorageHelper,
 }
 
@@ -79,6 +81,7 @@ impl RingFile {
             prealloc: writable,
             order: None,
             tables,
+            syncing: futures::lock::Mutex::new(()),
             helper: CommonStorageHelper::default(),
         })
     }
@@ -100,9 +103,15 @@ impl RingFile {
         self.tables.clone()
     }
 
-    /// `fdatasync`, on the ring if this thread has one; the plain writes before it are then
-    /// durable.
+    /// Makes the plain writes completed so far durable: an `fdatasync`, on the ring if this
+    /// thread has one, unless one that began after them has ended meanwhile (a group commit's
+    /// L2 tables are written together, and the first one's sync covers the others).
     async fn sync_data(&self, order: &WriteOrder) -> io::Result<()> {
+        let needed = order.sync_begins();
+        let _one_at_a_time = self.syncing.lock().await;
+        if order.synced_mark() >= needed {
+            return Ok(());
+        }
         let mark = order.sync_begins();
         uring_io::sync_data(&self.file).await?;
         order.synced(mark);
@@ -141,13 +150,27 @@ impl RingFile {
         let fd = self.file.as_raw_fd();
         let data = write && data_writes::is_data(iovecs);
         let len = iovecs.iter().map(|v| v.iov_len as u64).sum::<u64>();
+        if let (true, false, Some(order)) = (write, data, &self.order) {
+            if order.early.broken() {
+                // A mapping may point at a cluster without its data (`early_maps`).
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            if order.may_hold_mappings(offset, len) {
+                // The table's entries may map clusters whose data is still being written:
+                // it goes after that data (and the sync below, after the wait, covers it).
+                order.early.settled().await;
+            }
+        }
         let mode = match (&self.order, data) {
-            _ if !write => WriteMode::Plain,
+            _ if !write => WriteMode::Plain { sync_first: false },
             (Some(order), _) => order.mode(offset, len, data),
-            (None, true) => WriteMode::Plain,
+            (None, true) => WriteMode::Plain { sync_first: false },
             (None, false) => WriteMode::Through { sync_first: false },
         };
-        if let (WriteMode::Through { sync_first: true }, Some(order)) = (mode, &self.order) {
+        let sync_first = match mode {
+            WriteMode::Plain { sync_first } | WriteMode::Through { sync_first } => sync_first,
+        };
+        if let (true, Some(order)) = (sync_first, &self.order) {
             self.sync_data(order).await?;
         }
         let through = matches!(mode, WriteMode::Through { .. });
@@ -187,7 +210,7 @@ impl RingFile {
             return Err(io::Error::from_raw_os_error(-res as i32));
         }
         if let (true, Some(order)) = (write, &self.order) {
-            self.wrote(order, mode, data, iovecs, offset, res as u64);
+            self.wrote(order, mode, iovecs, offset, res as u64);
         }
         Ok(res as u64)
     }
@@ -197,14 +220,12 @@ impl RingFile {
         &self,
         order: &WriteOrder,
         mode: WriteMode,
-        data: bool,
         iovecs: &[libc::iovec],
         offset: u64,
         done: u64,
     ) {
         match mode {
-            WriteMode::Plain if !data => order.wrote_plain(),
-            WriteMode::Plain => {}
+            WriteMode::Plain { .. } => order.wrote_plain(),
             WriteMode::Through { .. } => {
                 let mut left = done as usize;
                 let bytes: Vec<&[u8]> = iovecs

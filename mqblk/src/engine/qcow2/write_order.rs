@@ -8,27 +8,30 @@
 //! a volatile cache may keep the L2 table and lose the refcount block in a power loss, and the
 //! image then holds a cluster in use with a refcount of 0, which the allocator hands out again.
 //! QEMU puts a flush between the two. Here a write that something written later may depend on
-//! is written through (`RWF_DSYNC`, FUA where the device has it), and the writes nothing
-//! depends on stay plain:
+//! is written through (`RWF_DSYNC`, FUA where the device has it), and the others stay plain:
 //!
-//! - guest data ([`data_writes`](super::data_writes)): a flush makes it durable, before the
-//!   metadata is;
-//! - an L2 table that the L1 table already points at: allocating writes only add entries to
-//!   it, and nothing imago writes later relies on them, except the refcount decrement of a
-//!   cluster an entry stopped using. Clusters are freed only when a write replaces a
-//!   compressed, shared (internal snapshot) or preallocated zero cluster, or a range holding
-//!   a compressed cluster is zeroed (imago keeps the allocation of other zeroed clusters);
-//!   once that may have happened ([`WriteOrder::may_free`]), a write-through write first syncs
-//!   the plain ones before it.
+//! - guest data ([`data_writes`](super::data_writes)), which includes the rest of a new
+//!   cluster that a copy-on-write read from the backing image;
+//! - an L2 table that the L1 table already points at, but only after a sync of the plain
+//!   writes completed before it (`Plain { sync_first }`): its new entries point at clusters
+//!   whose data was written plain, and an entry that reached the disk before its data would
+//!   make the cluster read as whatever the file held there, not the backing image's data the
+//!   copy-on-write put around the guest's (qcow2's rule: data before the L2 entry; QEMU
+//!   flushes before writing an L2 table after a copy-on-write). imago writes back all of a
+//!   group commit's L2 tables at once, so one sync covers them all.
+//!
+//! Nothing imago writes later relies on an L2 entry except the refcount decrement of a cluster
+//! the entry stopped using. Clusters are freed only when a write replaces a compressed, shared
+//! (internal snapshot) or preallocated zero cluster, or a range holding a compressed cluster is
+//! zeroed (imago keeps the allocation of other zeroed clusters); once that may have happened
+//! ([`WriteOrder::may_free`]), a write-through write first syncs the plain ones before it.
 //!
 //! Everything else is written through: refcount blocks and table, the header, the L1 table,
 //! and a new L2 table (not in the L1 table yet). The L1 table is mirrored here from the image
 //! at open and from imago's writes to it; a write to the header's cluster reloads it.
 //!
-//! What it costs is one written-through write per group commit (the refcount block's: the
-//! filesystem's sync path, and a device flush where the device has a volatile cache): 6-10% of
-//! allocating writes, measured alike with the device's cache in write-back and write-through
-//! mode (docs/PERFORMANCE.md 13b).
+//! What it costs a group commit is one written-through write (the refcount block's) and one
+//! sync before its L2 tables (docs/PERFORMANCE.md 13b and 13c).
 //!
 //! One gap is imago's: it writes a new L2 table and the L1 entry that points at it (and a new
 //! refcount block and its refcount table entry) before the refcount block that counts the new
@@ -39,13 +42,15 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+use super::early_maps::{Early, EarlyMaps};
 use crate::format::qcow2::header::{table_entries, Header};
 
 /// How one write goes to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WriteMode {
-    /// A plain write.
-    Plain,
+    /// A plain write; `sync_first`: only after an `fdatasync` that makes the plain writes
+    /// before it durable.
+    Plain { sync_first: bool },
     /// Written through (durable when it completes); `sync_first`: only after an `fdatasync`
     /// that makes the plain writes before it durable.
     Through { sync_first: bool },
@@ -56,6 +61,8 @@ pub enum WriteMode {
 pub struct WriteOrder {
     cluster: u64,
     state: Mutex<State>,
+    /// New clusters mapped ahead of their data: the L2 table writes wait for it.
+    pub early: EarlyMaps,
 }
 
 #[derive(Debug)]
@@ -65,12 +72,14 @@ struct State {
     l1: Vec<u64>,
     /// The same, as a set.
     l2: HashSet<u64>,
-    /// Plain metadata writes completed.
+    /// Plain writes completed (guest data and metadata).
     plain_done: u64,
     /// `plain_done` as the last sync began: those are durable.
     plain_synced: u64,
     /// Clusters may have been freed (see the module's text).
     frees: bool,
+    /// `l1` is the image's (false after the header changed and it could not be read again).
+    mirrored: bool,
 }
 
 impl State {
@@ -78,6 +87,7 @@ impl State {
         self.l1_offset = header.l1_offset;
         self.l1 = table_entries(l1).take(header.l1_entries as usize).collect();
         self.l2 = self.l1.iter().copied().filter(|&t| t != 0).collect();
+        self.mirrored = true;
         // Internal snapshots share clusters: writes free them.
         self.frees |= header.snapshots > 0;
     }
@@ -93,11 +103,13 @@ impl WriteOrder {
             plain_done: 0,
             plain_synced: 0,
             frees: false,
+            mirrored: false,
         };
         state.load(header, l1);
         WriteOrder {
             cluster: 1 << header.cluster_bits,
             state: Mutex::new(state),
+            early: EarlyMaps::default(),
         }
     }
 
@@ -105,24 +117,55 @@ impl WriteOrder {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a write of `len` bytes at `offset` is into an L2 table the L1 table points at.
+    fn in_l2_table(&self, s: &State, offset: u64, len: u64) -> bool {
+        let table = offset & !(self.cluster - 1);
+        s.l2.contains(&table) && offset + len <= table + self.cluster
+    }
+
+    /// Whether a metadata write of `len` bytes at `offset` may hold L2 entries (and so must
+    /// wait for [`EarlyMaps::settled`]): a write into an L2 table the L1 table points at (a
+    /// new table holds no mapping before the L1 table points at it), or any, once the L1
+    /// table is not known here.
+    pub fn may_hold_mappings(&self, offset: u64, len: u64) -> bool {
+        let s = self.state();
+        !s.mirrored || self.in_l2_table(&s, offset, len)
+    }
+
+    /// Counts a data write into a cluster to be mapped ahead of it ([`EarlyMaps::begin`]);
+    /// `None` when the L2 tables are not known here (their writes could not wait for it).
+    pub fn begin_early(&self) -> Option<Early<'_>> {
+        if !self.state().mirrored {
+            return None;
+        }
+        self.early.begin()
+    }
+
     /// How to write `len` bytes at `offset`; `data`: guest data.
     pub fn mode(&self, offset: u64, len: u64, data: bool) -> WriteMode {
         if data {
-            return WriteMode::Plain;
+            return WriteMode::Plain { sync_first: false };
         }
         let s = self.state();
-        let table = offset & !(self.cluster - 1);
-        if s.l2.contains(&table) && offset + len <= table + self.cluster {
-            return WriteMode::Plain;
+        let unsynced = s.plain_done != s.plain_synced;
+        if self.in_l2_table(&s, offset, len) {
+            return WriteMode::Plain {
+                sync_first: unsynced,
+            };
         }
         WriteMode::Through {
-            sync_first: s.frees && s.plain_done != s.plain_synced,
+            sync_first: s.frees && unsynced,
         }
     }
 
-    /// A plain metadata write (not guest data) completed.
+    /// A plain write (guest data or metadata) completed.
     pub fn wrote_plain(&self) {
         self.state().plain_done += 1;
+    }
+
+    /// The mark of the last sync that ended: the plain writes counted up to it are durable.
+    pub fn synced_mark(&self) -> u64 {
+        self.state().plain_synced
     }
 
     /// A sync of the file begins: the plain writes completed so far are durable once it ends.
@@ -183,6 +226,7 @@ impl WriteOrder {
         let mut s = self.state();
         s.l1.clear();
         s.l2.clear();
+        s.mirrored = false;
     }
 
     /// Clusters may be freed from now on (a write replaced a cluster, or a range was zeroed):
@@ -225,17 +269,10 @@ mod tests {
     fn only_guest_data_and_the_l2_tables_the_l1_table_points_at_are_written_plain() {
         let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 6 * C, 0]));
         let through = WriteMode::Through { sync_first: false };
-        assert_eq!(w.mode(9 * C, C, true), WriteMode::Plain, "guest data");
-        assert_eq!(
-            w.mode(5 * C, C, false),
-            WriteMode::Plain,
-            "a known L2 table"
-        );
-        assert_eq!(
-            w.mode(6 * C + 4096, 512, false),
-            WriteMode::Plain,
-            "part of one"
-        );
+        let plain = WriteMode::Plain { sync_first: false };
+        assert_eq!(w.mode(9 * C, C, true), plain, "guest data");
+        assert_eq!(w.mode(5 * C, C, false), plain, "a known L2 table");
+        assert_eq!(w.mode(6 * C + 4096, 512, false), plain, "part of one");
         assert_eq!(w.mode(6 * C, 2 * C, false), through, "beyond it");
         assert_eq!(
             w.mode(7 * C, C, false),
@@ -250,21 +287,22 @@ mod tests {
     fn a_new_l2_table_is_written_through_until_the_l1_table_points_at_it() {
         let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 0, 0]));
         let through = WriteMode::Through { sync_first: false };
+        let plain = WriteMode::Plain { sync_first: false };
         assert_eq!(w.mode(8 * C, C, false), through);
         // imago writes the entry (here: the aligned sector that holds entries 0..4).
         let sector = l1(&[5 * C, 8 * C, 0, 0]);
         assert!(!w.wrote_through(3 * C, &[&sector]));
-        assert_eq!(w.mode(8 * C, C, false), WriteMode::Plain);
+        assert_eq!(w.mode(8 * C, C, false), plain);
         // Written in two buffers, one entry each, an entry replaced: the old table is no
         // longer plain.
         let (a, b) = (l1(&[9 * C]), l1(&[0]));
         w.wrote_through(3 * C + 8, &[&a, &b]);
-        assert_eq!(w.mode(9 * C, C, false), WriteMode::Plain);
+        assert_eq!(w.mode(9 * C, C, false), plain);
         assert_eq!(w.mode(8 * C, C, false), through);
         // A header write says so.
         assert!(w.wrote_through(0, &[&[0u8; 512]]));
         w.reload(&header(10 * C, 2, 0), &l1(&[11 * C, 0]));
-        assert_eq!(w.mode(11 * C, C, false), WriteMode::Plain);
+        assert_eq!(w.mode(11 * C, C, false), plain);
         assert_eq!(w.mode(5 * C, C, false), through);
     }
 
@@ -300,6 +338,40 @@ mod tests {
         assert_eq!(
             w.mode(7 * C, C, false),
             WriteMode::Through { sync_first: true }
+        );
+    }
+
+    #[test]
+    fn an_l2_table_is_written_only_after_a_sync_of_the_data_written_before_it() {
+        let w = WriteOrder::new(&header(3 * C, 1, 0), &l1(&[5 * C]));
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            WriteMode::Plain { sync_first: false },
+            "nothing written yet"
+        );
+        // A copy-on-write's data (the guest's and the backing image's rest) completed.
+        assert_eq!(
+            w.mode(9 * C, C, true),
+            WriteMode::Plain { sync_first: false }
+        );
+        w.wrote_plain();
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            WriteMode::Plain { sync_first: true },
+            "the entry that points at it must not reach the disk first"
+        );
+        let mark = w.sync_begins();
+        w.synced(mark);
+        assert_eq!(w.synced_mark(), mark);
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            WriteMode::Plain { sync_first: false }
+        );
+        // Nothing freed: a refcount block (or a new table) is written through without a sync.
+        w.wrote_plain();
+        assert_eq!(
+            w.mode(7 * C, C, false),
+            WriteMode::Through { sync_first: false }
         );
     }
 }
