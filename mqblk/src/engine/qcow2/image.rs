@@ -139,9 +139,7 @@ impl Image {
                  counted in use again"
             );
         }
-        let (header, l1) = tables.read_l1()?;
-        order.reload(&header, &l1);
-        Ok(())
+        tables.reload(order)
     }
 
     /// Whether every metadata-path write so far has its metadata on stable storage: only then

@@ -16,15 +16,14 @@
 //!
 //! Metadata a job changed is written to the image file before the job completes, after the
 //! job's data: mqblk may crash while the guest lives on, so what it acknowledged must be in the
-//! kernel's hands, metadata included. The metadata writes something later depends on (a
-//! refcount block before the L2 table that uses its cluster) are durable when they complete
-//! ([`write_order`](super::write_order)), so imago's order is the order in which they reach
-//! stable storage. The worker does that as a group commit: one write-back covers every
-//! job that finished before it began; the data of its new clusters is synced before the L2
-//! tables that map them are written (`write_order`: a new cluster holds backing data the guest
-//! never wrote, which an L2 entry on disk without it would lose in a power loss). A guest
-//! flush syncs data written into new clusters first, then writes back whatever imago still
-//! holds and syncs everything.
+//! kernel's hands, metadata included. What a metadata write depends on (the refcount block
+//! that counts a new cluster, and the cluster's data, before the L2 table that maps it)
+//! reaches stable storage before it ([`write_order`](super::write_order)): a new cluster holds
+//! backing data the guest never wrote, which an L2 entry on disk without it would lose in a
+//! power loss. The worker does that as a group commit: one write-back, with one sync before
+//! its L2 tables, covers every job that finished before it began. A guest flush syncs data
+//! written into new clusters first, then writes back whatever imago still holds and syncs
+//! everything.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -88,8 +88,7 @@ impl RingFile {
 
     /// The same, with its write ordering read from the image (the top image of a chain).
     pub fn ordered(mut self) -> io::Result<RingFile> {
-        let (header, l1) = self.tables.read_l1()?;
-        self.order = Some(Arc::new(WriteOrder::new(&header, &l1)));
+        self.order = Some(Arc::new(self.tables.write_order()?));
         Ok(self)
     }
 
@@ -239,14 +238,11 @@ impl RingFile {
                     })
                     .collect();
                 if order.wrote_through(offset, &bytes) {
-                    // The header changed (the L1 table may have moved); without it, every
-                    // table is written through from now on.
-                    match self.tables.read_l1() {
-                        Ok((header, l1)) => order.reload(&header, &l1),
-                        Err(e) => {
-                            tracing::warn!(err = %e, "cannot read the qcow2 L1 table again");
-                            order.reload_failed();
-                        }
+                    // The header changed (the L1 or refcount table may have moved); without
+                    // them, every table is written through from now on.
+                    if let Err(e) = self.tables.reload(order) {
+                        tracing::warn!(err = %e, "cannot read the qcow2 L1 and refcount tables again");
+                        order.reload_failed();
                     }
                 }
             }

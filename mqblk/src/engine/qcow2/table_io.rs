@@ -12,6 +12,7 @@ use imago::io_buffers::IoBuffer;
 use rustix::io::ReadWriteFlags;
 
 use super::refcount_repair;
+use super::write_order::{Tables, WriteOrder};
 use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
 
 /// An image file, for its tables.
@@ -34,12 +35,42 @@ impl TableIo {
     }
 
     /// The image's header and the bytes of its L1 table, as the file holds them.
-    pub fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
+    fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
         let size = self.file.metadata()?.len();
         let head = self.read(0, HEAD_BYTES.min(size as usize))?;
         let header = header::parse(&self.path, &head).map_err(io::Error::other)?;
         let l1 = self.read(header.l1_offset, header.l1_entries as usize * 8)?;
         Ok((header, l1))
+    }
+
+    /// The bytes of the refcount table of an image with `header` (bounded at open: at most
+    /// 8 MiB).
+    pub fn read_reftable(&self, header: &Header) -> io::Result<Vec<u8>> {
+        let len = u64::from(header.reftable_clusters) << header.cluster_bits;
+        self.read(header.reftable_offset, len as usize)
+    }
+
+    /// The write ordering of this image, as its tables are now.
+    pub fn write_order(&self) -> io::Result<WriteOrder> {
+        let (header, l1) = self.read_l1()?;
+        let reftable = self.read_reftable(&header)?;
+        Ok(WriteOrder::new(&Tables {
+            header: &header,
+            l1: &l1,
+            reftable: &reftable,
+        }))
+    }
+
+    /// Gives `order` the tables as they are now (after a header write).
+    pub fn reload(&self, order: &WriteOrder) -> io::Result<()> {
+        let (header, l1) = self.read_l1()?;
+        let reftable = self.read_reftable(&header)?;
+        order.reload(&Tables {
+            header: &header,
+            l1: &l1,
+            reftable: &reftable,
+        });
+        Ok(())
     }
 
     /// Counts 1 each of the image's own tables that is counted 0 ([`refcount_repair`]);

@@ -20,18 +20,23 @@
 //!   flushes before writing an L2 table after a copy-on-write). imago writes back all of a
 //!   group commit's L2 tables at once, so one sync covers them all.
 //!
+//! - a refcount block that the refcount table already points at, while no cluster may have
+//!   been freed: refcounts then only grow, the L2 entries that rely on them are written after
+//!   the sync above, which covers the block, and the group commit's one sync orders both.
+//!
 //! Nothing imago writes later relies on an L2 entry except the refcount decrement of a cluster
 //! the entry stopped using. Clusters are freed only when a write replaces a compressed, shared
 //! (internal snapshot) or preallocated zero cluster, or a range holding a compressed cluster is
 //! zeroed (imago keeps the allocation of other zeroed clusters); once that may have happened
 //! ([`WriteOrder::may_free`]), a write-through write first syncs the plain ones before it.
 //!
-//! Everything else is written through: refcount blocks and table, the header, the L1 table,
-//! and a new L2 table (not in the L1 table yet). The L1 table is mirrored here from the image
-//! at open and from imago's writes to it; a write to the header's cluster reloads it.
+//! Everything else is written through: a refcount block once clusters may be freed, the
+//! refcount table, the header, the L1 table, and a new L2 table or refcount block (not in the
+//! L1 or refcount table yet). Both tables are mirrored here from the image at open and from
+//! imago's writes to them; a write to the header's cluster reloads them.
 //!
-//! What it costs a group commit is one written-through write (the refcount block's) and one
-//! sync before its L2 tables (docs/PERFORMANCE.md 13b and 13c).
+//! What it costs a group commit is one sync, before its L2 tables (docs/PERFORMANCE.md 13b and
+//! 13c).
 //!
 //! One gap is imago's: it writes a new L2 table and the L1 entry that points at it (and a new
 //! refcount block and its refcount table entry) before the refcount block that counts the new
@@ -67,47 +72,104 @@ pub struct WriteOrder {
 
 #[derive(Debug)]
 struct State {
-    l1_offset: u64,
-    /// Each L1 entry's L2 table (file offset; 0: none).
-    l1: Vec<u64>,
-    /// The same, as a set.
-    l2: HashSet<u64>,
+    /// The L1 table's entries: the L2 tables.
+    l1: Mirror,
+    /// The refcount table's entries: the refcount blocks.
+    reftable: Mirror,
     /// Plain writes completed (guest data and metadata).
     plain_done: u64,
     /// `plain_done` as the last sync began: those are durable.
     plain_synced: u64,
     /// Clusters may have been freed (see the module's text).
     frees: bool,
-    /// `l1` is the image's (false after the header changed and it could not be read again).
+    /// The mirrors are the image's (false after the header changed and the tables could not
+    /// be read again).
     mirrored: bool,
 }
 
+/// A table of cluster offsets (the L1 or refcount table) as the image file holds it.
+#[derive(Debug, Default)]
+struct Mirror {
+    /// Where the table is in the file.
+    offset: u64,
+    /// Its entries (a file offset; 0: none).
+    entries: Vec<u64>,
+    /// The same, as a set.
+    targets: HashSet<u64>,
+}
+
+impl Mirror {
+    fn load(&mut self, offset: u64, bytes: &[u8], count: usize) {
+        self.offset = offset;
+        self.entries = table_entries(bytes).take(count).collect();
+        self.targets = self.entries.iter().copied().filter(|&t| t != 0).collect();
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.targets.clear();
+    }
+
+    /// Takes the whole entries that `b`, written at `at`, holds.
+    fn take(&mut self, at: u64, b: &[u8]) {
+        let end = (at + b.len() as u64).min(self.offset + 8 * self.entries.len() as u64);
+        let mut entry = at.max(self.offset).next_multiple_of(8);
+        while entry + 8 <= end {
+            let i = ((entry - self.offset) / 8) as usize;
+            let within = (entry - at) as usize;
+            let value = table_entries(&b[within..within + 8])
+                .next()
+                .expect("8 bytes");
+            let old = std::mem::replace(&mut self.entries[i], value);
+            if old != value {
+                if old != 0 && !self.entries.contains(&old) {
+                    self.targets.remove(&old);
+                }
+                if value != 0 {
+                    self.targets.insert(value);
+                }
+            }
+            entry += 8;
+        }
+    }
+}
+
+/// What [`WriteOrder`] reads of an image: its header and the bytes of its L1 and refcount
+/// tables.
+pub struct Tables<'a> {
+    pub header: &'a Header,
+    pub l1: &'a [u8],
+    pub reftable: &'a [u8],
+}
+
 impl State {
-    fn load(&mut self, header: &Header, l1: &[u8]) {
-        self.l1_offset = header.l1_offset;
-        self.l1 = table_entries(l1).take(header.l1_entries as usize).collect();
-        self.l2 = self.l1.iter().copied().filter(|&t| t != 0).collect();
+    fn load(&mut self, cluster: u64, t: &Tables) {
+        let h = t.header;
+        self.l1.load(h.l1_offset, t.l1, h.l1_entries as usize);
+        let reftable_entries = (u64::from(h.reftable_clusters) * cluster / 8) as usize;
+        self.reftable
+            .load(h.reftable_offset, t.reftable, reftable_entries);
         self.mirrored = true;
         // Internal snapshots share clusters: writes free them.
-        self.frees |= header.snapshots > 0;
+        self.frees |= h.snapshots > 0;
     }
 }
 
 impl WriteOrder {
-    /// The ordering state of an image with `header`, whose L1 table's bytes are `l1`.
-    pub fn new(header: &Header, l1: &[u8]) -> WriteOrder {
+    /// The ordering state of an image with `tables`.
+    pub fn new(tables: &Tables) -> WriteOrder {
+        let cluster = 1 << tables.header.cluster_bits;
         let mut state = State {
-            l1_offset: 0,
-            l1: Vec::new(),
-            l2: HashSet::new(),
+            l1: Mirror::default(),
+            reftable: Mirror::default(),
             plain_done: 0,
             plain_synced: 0,
             frees: false,
             mirrored: false,
         };
-        state.load(header, l1);
+        state.load(cluster, tables);
         WriteOrder {
-            cluster: 1 << header.cluster_bits,
+            cluster,
             state: Mutex::new(state),
             early: EarlyMaps::default(),
         }
@@ -117,10 +179,10 @@ impl WriteOrder {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether a write of `len` bytes at `offset` is into an L2 table the L1 table points at.
-    fn in_l2_table(&self, s: &State, offset: u64, len: u64) -> bool {
+    /// The table a write of `len` bytes at `offset` is into, if it is one of `mirror`'s.
+    fn in_table_of(&self, mirror: &Mirror, offset: u64, len: u64) -> bool {
         let table = offset & !(self.cluster - 1);
-        s.l2.contains(&table) && offset + len <= table + self.cluster
+        mirror.targets.contains(&table) && offset + len <= table + self.cluster
     }
 
     /// Whether a metadata write of `len` bytes at `offset` may hold L2 entries (and so must
@@ -129,7 +191,7 @@ impl WriteOrder {
     /// table is not known here.
     pub fn may_hold_mappings(&self, offset: u64, len: u64) -> bool {
         let s = self.state();
-        !s.mirrored || self.in_l2_table(&s, offset, len)
+        !s.mirrored || self.in_table_of(&s.l1, offset, len)
     }
 
     /// Counts a data write into a cluster to be mapped ahead of it ([`EarlyMaps::begin`]);
@@ -148,10 +210,14 @@ impl WriteOrder {
         }
         let s = self.state();
         let unsynced = s.plain_done != s.plain_synced;
-        if self.in_l2_table(&s, offset, len) {
+        if self.in_table_of(&s.l1, offset, len) {
             return WriteMode::Plain {
                 sync_first: unsynced,
             };
+        }
+        if !s.frees && self.in_table_of(&s.reftable, offset, len) {
+            // Refcounts only grow: the sync before the next L2 table covers them.
+            return WriteMode::Plain { sync_first: false };
         }
         WriteMode::Through {
             sync_first: s.frees && unsynced,
@@ -180,52 +246,33 @@ impl WriteOrder {
         s.plain_synced = s.plain_synced.max(mark);
     }
 
-    /// A write-through of `bytes` at `offset` completed: the L1 entries it set are taken.
-    /// Returns whether it wrote into the header's cluster (the caller then [`reload`]s).
+    /// A write-through of `bytes` at `offset` completed: the L1 and refcount table entries it
+    /// set are taken. Returns whether it wrote into the header's cluster (the caller then
+    /// [`reload`]s).
     ///
     /// [`reload`]: Self::reload
     pub fn wrote_through(&self, offset: u64, bytes: &[&[u8]]) -> bool {
         let mut s = self.state();
-        let l1_end = s.l1_offset + 8 * s.l1.len() as u64;
         let mut at = offset;
         for b in bytes {
-            let end = at + b.len() as u64;
-            // The whole entries of the L1 table this buffer holds.
-            let first = at.max(s.l1_offset).next_multiple_of(8);
-            let mut entry = first;
-            while entry + 8 <= end.min(l1_end) && entry >= s.l1_offset {
-                let i = ((entry - s.l1_offset) / 8) as usize;
-                let within = (entry - at) as usize;
-                let value = table_entries(&b[within..within + 8])
-                    .next()
-                    .expect("8 bytes");
-                let old = std::mem::replace(&mut s.l1[i], value);
-                if old != value {
-                    if old != 0 && !s.l1.contains(&old) {
-                        s.l2.remove(&old);
-                    }
-                    if value != 0 {
-                        s.l2.insert(value);
-                    }
-                }
-                entry += 8;
-            }
-            at = end;
+            s.l1.take(at, b);
+            s.reftable.take(at, b);
+            at += b.len() as u64;
         }
         offset < self.cluster
     }
 
-    /// The header changed: the L1 table is taken again from `header` and its bytes `l1`.
-    pub fn reload(&self, header: &Header, l1: &[u8]) {
-        self.state().load(header, l1);
+    /// The header changed: the tables are taken again.
+    pub fn reload(&self, tables: &Tables) {
+        self.state().load(self.cluster, tables);
     }
 
-    /// The header changed and the L1 table could not be read again: every table is written
-    /// through from now on.
+    /// The header changed and the tables could not be read again: every table is written
+    /// through from now on, and every metadata write waits for early mappings' data.
     pub fn reload_failed(&self) {
         let mut s = self.state();
         s.l1.clear();
-        s.l2.clear();
+        s.reftable.clear();
         s.mirrored = false;
     }
 
@@ -258,6 +305,14 @@ mod tests {
         }
     }
 
+    fn order(header: &Header, l1: &[u8], reftable: &[u8]) -> WriteOrder {
+        WriteOrder::new(&Tables {
+            header,
+            l1,
+            reftable,
+        })
+    }
+
     fn l1(entries: &[u64]) -> Vec<u8> {
         entries
             .iter()
@@ -267,7 +322,7 @@ mod tests {
 
     #[test]
     fn only_guest_data_and_the_l2_tables_the_l1_table_points_at_are_written_plain() {
-        let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 6 * C, 0]));
+        let w = order(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 6 * C, 0]), &[]);
         let through = WriteMode::Through { sync_first: false };
         let plain = WriteMode::Plain { sync_first: false };
         assert_eq!(w.mode(9 * C, C, true), plain, "guest data");
@@ -285,7 +340,7 @@ mod tests {
 
     #[test]
     fn a_new_l2_table_is_written_through_until_the_l1_table_points_at_it() {
-        let w = WriteOrder::new(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 0, 0]));
+        let w = order(&header(3 * C, 4, 0), &l1(&[5 * C, 0, 0, 0]), &[]);
         let through = WriteMode::Through { sync_first: false };
         let plain = WriteMode::Plain { sync_first: false };
         assert_eq!(w.mode(8 * C, C, false), through);
@@ -301,14 +356,18 @@ mod tests {
         assert_eq!(w.mode(8 * C, C, false), through);
         // A header write says so.
         assert!(w.wrote_through(0, &[&[0u8; 512]]));
-        w.reload(&header(10 * C, 2, 0), &l1(&[11 * C, 0]));
+        w.reload(&Tables {
+            header: &header(10 * C, 2, 0),
+            l1: &l1(&[11 * C, 0]),
+            reftable: &[],
+        });
         assert_eq!(w.mode(11 * C, C, false), plain);
         assert_eq!(w.mode(5 * C, C, false), through);
     }
 
     #[test]
     fn once_clusters_may_be_freed_a_write_through_first_syncs_the_plain_writes() {
-        let w = WriteOrder::new(&header(3 * C, 1, 0), &l1(&[5 * C]));
+        let w = order(&header(3 * C, 1, 0), &l1(&[5 * C]), &[]);
         w.wrote_plain();
         assert_eq!(
             w.mode(7 * C, C, false),
@@ -333,7 +392,7 @@ mod tests {
             WriteMode::Through { sync_first: false }
         );
         // Internal snapshots: from the start.
-        let w = WriteOrder::new(&header(3 * C, 1, 1), &l1(&[5 * C]));
+        let w = order(&header(3 * C, 1, 1), &l1(&[5 * C]), &[]);
         w.wrote_plain();
         assert_eq!(
             w.mode(7 * C, C, false),
@@ -343,7 +402,7 @@ mod tests {
 
     #[test]
     fn an_l2_table_is_written_only_after_a_sync_of_the_data_written_before_it() {
-        let w = WriteOrder::new(&header(3 * C, 1, 0), &l1(&[5 * C]));
+        let w = order(&header(3 * C, 1, 0), &l1(&[5 * C]), &[]);
         assert_eq!(
             w.mode(5 * C, C, false),
             WriteMode::Plain { sync_first: false },
@@ -372,6 +431,37 @@ mod tests {
         assert_eq!(
             w.mode(7 * C, C, false),
             WriteMode::Through { sync_first: false }
+        );
+    }
+
+    #[test]
+    fn a_refcount_block_the_refcount_table_points_at_is_plain_until_clusters_may_be_freed() {
+        // A refcount table of one cluster at 2C that points at a refcount block at 4C.
+        let mut h = header(3 * C, 1, 0);
+        (h.reftable_offset, h.reftable_clusters) = (2 * C, 1);
+        let mut reftable = l1(&[4 * C]);
+        reftable.resize(C as usize, 0);
+        let w = order(&h, &l1(&[5 * C]), &reftable);
+        let plain = WriteMode::Plain { sync_first: false };
+        assert_eq!(w.mode(4 * C, C, false), plain, "refcounts only grow");
+        // Written plain, it is covered by the sync before the next L2 table.
+        w.wrote_plain();
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            WriteMode::Plain { sync_first: true }
+        );
+        // A new refcount block is written through until the refcount table points at it.
+        assert_eq!(
+            w.mode(8 * C, C, false),
+            WriteMode::Through { sync_first: false }
+        );
+        assert!(!w.wrote_through(2 * C + 8, &[&l1(&[8 * C])]));
+        assert_eq!(w.mode(8 * C, C, false), plain);
+        // Once clusters may be freed, a decrement goes after the L2 entries before it.
+        w.may_free();
+        assert_eq!(
+            w.mode(4 * C, C, false),
+            WriteMode::Through { sync_first: true }
         );
     }
 }
