@@ -9,12 +9,13 @@
 mod support;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use mqblk_client::{fill_pattern, Client, ConnectOptions};
 use support::daemon::*;
+use support::mount::Mount;
 use support::skip::skip_unless_allowed;
 
 /// How long `mqblk serve` may take to refuse bad input.
@@ -528,55 +529,6 @@ fn busy_or_wrong_socket_paths_are_refused() {
     Client::connect(&stale, 1).expect("served on a replaced stale socket");
     d2.terminate();
     daemon.terminate();
-}
-
-/// A filesystem mounted for one test; unmounted when dropped.
-struct Mount {
-    path: PathBuf,
-}
-
-impl Mount {
-    /// Mounts `fstype` with `opts` on a new directory in `dir`; `None` where mounting is not
-    /// allowed and skipping is (see [`skip_unless_allowed`]).
-    fn new(dir: &TestDir, name: &str, fstype: &str, opts: &str) -> Option<Mount> {
-        let path = dir.join(name);
-        std::fs::create_dir_all(&path).unwrap();
-        let mut cmd = Command::new("mount");
-        cmd.args(["-t", fstype]);
-        if !opts.is_empty() {
-            cmd.args(["-o", opts]);
-        }
-        cmd.arg(fstype).arg(&path);
-        let why = match cmd.output() {
-            Ok(o) if o.status.success() => return Some(Mount { path }),
-            Ok(o) => format!(
-                "cannot mount {fstype} (mounting needs root): {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ),
-            Err(e) => format!("cannot run mount for {fstype}: {e}"),
-        };
-        skip_unless_allowed("MQBLK_TEST_ALLOW_NO_MOUNT", &why);
-        None
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn remount_ro(&self) {
-        let st = Command::new("mount")
-            .args(["-o", "remount,ro"])
-            .arg(&self.path)
-            .status()
-            .unwrap();
-        assert!(st.success(), "remount read-only");
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
-    }
 }
 
 /// A full disk: the writes that do not fit fail with IOERR (libblkio: EIO), reads and the

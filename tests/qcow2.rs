@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use mqblk_client::{Client, Concurrent, Pattern};
 use support::daemon::*;
+use support::mount::Mount;
 use support::qemu_img::{assert_checks_clean, qemu_img_ok, qemu_io_ok, read_through_qemu};
 
 const SIZE: u64 = 32 << 20;
@@ -1032,4 +1033,62 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
     drop(c);
     d.stop();
     assert_checks_clean(&img, false);
+}
+
+/// A full filesystem fails only the writes that need a new cluster (IOERR), before their
+/// mapping is made (a cluster is mapped ahead of its data, so its room is taken first): the
+/// export goes on serving reads, writes into allocated clusters and flushes, and the image
+/// checks clean with every acknowledged write in it. (The image file grows 16 MiB ahead of its
+/// allocations where it can, and by what a write needs where it cannot.)
+#[test]
+fn a_full_filesystem_fails_only_the_writes_into_new_clusters() {
+    let dir = TestDir::new();
+    let Some(m) = Mount::new(&dir, "small", "tmpfs", "size=2m") else {
+        return; // reported as SKIPPED by Mount::new
+    };
+    let img = m.path().join("disk.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(1)
+        .direct(false)
+        .set("format", "qcow2");
+    let mut d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    // 4 KiB into each 64 KiB cluster in turn: the filesystem holds about 28 of the 512.
+    let byte = |k: u64| (k % 250) as u8 + 1;
+    let (mut written, mut failed) = (Vec::new(), 0);
+    for k in 0..SIZE / CLUSTER {
+        match c.write(0, k * CLUSTER, &[byte(k); 4096]) {
+            Ok(()) => written.push(k),
+            Err(e) => {
+                assert_eq!(e.errno(), Some(libc::EIO), "cluster {k}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(
+        !written.is_empty() && failed > 0,
+        "the filesystem should fill part way: {} written, {failed} failed",
+        written.len()
+    );
+    for &k in &written {
+        assert_eq!(
+            c.read_vec(0, k * CLUSTER, 4096).unwrap(),
+            vec![byte(k); 4096]
+        );
+    }
+    c.write(0, written[0] * CLUSTER + 8192, &[0xee; 4096])
+        .expect("a write into an allocated cluster on a full filesystem");
+    c.flush(0).expect("a flush on a full filesystem");
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+    let k = written[written.len() - 1];
+    qemu_io_ok(&img, &format!("read -P {} {} 4k", byte(k), k * CLUSTER));
+    qemu_io_ok(
+        &img,
+        &format!("read -P 0xee {} 4k", written[0] * CLUSTER + 8192),
+    );
 }

@@ -13,6 +13,7 @@
 //!   served beside them.
 //! - [`mem`]: memfds and shared mappings, memory as a vhost-user frontend shares it.
 //! - [`metrics`]: the `--metrics` endpoint's address (from the log) and an HTTP GET.
+//! - [`mount`]: a filesystem mounted for one test (needs root, or the skip allowed).
 //! - [`proc`]: child processes that are killed when dropped, and tool checks.
 //! - [`qemu`]: the guest tests' kernel, initramfs, QEMU command line, work directory and console.
 //! - [`qemu_img`]: `qemu-img` and its checks, the reference for qcow2 images mqblk wrote.
@@ -35,6 +36,7 @@ pub mod frontend;
 pub mod hostile;
 pub mod mem;
 pub mod metrics;
+pub mod mount;
 pub mod proc;
 pub mod qemu;
 pub mod qemu_img;

@@ -121,16 +121,24 @@ impl RingFile {
     /// file, and a direct write that extends a file is one the filesystem serialises (ext4
     /// takes the inode's lock exclusively and completes it synchronously, so io_uring hands it
     /// to a worker thread). Grown by fallocate ahead of the writes, the file takes them as
-    /// writes into its own (unwritten) blocks, side by side.
-    fn grow_for(&self, end: u64) -> io::Result<()> {
+    /// writes into its own (unwritten) blocks, side by side. Where the filesystem has no room
+    /// for the step, only up to `end`; where it has none for that, the error (`ENOSPC`) is
+    /// the write's, before anything is written.
+    pub fn grow_for(&self, end: u64) -> io::Result<()> {
         let size = self.size.load(Ordering::Acquire);
         if !self.prealloc || end <= size {
             return Ok(());
         }
-        let target = end.next_multiple_of(GROWTH);
-        match self.fallocate(0, size, target - size) {
-            Ok(()) => {
-                self.grown_to(target);
+        let step = end.next_multiple_of(GROWTH);
+        let grown = match self.fallocate(0, size, step - size) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && step > end => {
+                self.fallocate(0, size, end - size).map(|()| end)
+            }
+            other => other.map(|()| step),
+        };
+        match grown {
+            Ok(to) => {
+                self.grown_to(to);
                 Ok(())
             }
             // The write itself grows it then.
