@@ -133,26 +133,15 @@ impl Drop for Draining<'_> {
 #[cfg(test)]
 mod tests {
     use std::future::Future;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Wake};
+    use std::task::Context;
 
+    use super::super::counted_wakes::Count;
     use super::*;
-
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     #[test]
     fn an_l2_write_waits_for_early_data_and_stops_new_early_mappings_meanwhile() {
         let maps = EarlyMaps::default();
-        let count = Arc::new(Count::default());
-        let waker = Waker::from(count.clone());
+        let (waker, count) = Count::waker();
         let mut cx = Context::from_waker(&waker);
         // Nothing under way: no wait.
         assert!(Box::pin(maps.settled()).as_mut().poll(&mut cx).is_ready());
@@ -165,10 +154,10 @@ mod tests {
             "a waiting table write must not be starved by new early mappings"
         );
         drop(a);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0, "one is still under way");
+        assert_eq!(count.get(), 0, "one is still under way");
         assert!(table.as_mut().poll(&mut cx).is_pending());
         drop(b);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the last one wakes it");
+        assert_eq!(count.get(), 1, "the last one wakes it");
         assert!(table.as_mut().poll(&mut cx).is_ready());
         drop(table);
         assert!(

@@ -83,26 +83,15 @@ impl Drop for ClusterGuard<'_> {
 #[cfg(test)]
 mod tests {
     use std::future::Future;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::task::{Context, Wake};
+    use std::task::Context;
 
+    use super::super::counted_wakes::Count;
     use super::*;
-
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     #[test]
     fn a_cluster_is_held_by_one_write_at_a_time_and_the_waiter_is_woken() {
         let locks = ClusterLocks::default();
-        let count = Arc::new(Count::default());
-        let waker = Waker::from(count.clone());
+        let (waker, count) = Count::waker();
         let mut cx = Context::from_waker(&waker);
         // 64 KiB clusters: cluster 3.
         let mut first = Box::pin(locks.lock_range(3 << 16, 4096, 16));
@@ -116,13 +105,9 @@ mod tests {
         let Poll::Ready(_other) = other.as_mut().poll(&mut cx) else {
             panic!("cluster 4 is free");
         };
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.get(), 0);
         drop(held);
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "the waiter was not woken"
-        );
+        assert_eq!(count.get(), 1, "the waiter was not woken");
         assert!(second.as_mut().poll(&mut cx).is_ready());
     }
 

@@ -26,6 +26,8 @@
 //!   new one, with an empty cache, before its next request.
 
 mod channel;
+#[cfg(test)]
+mod counted_wakes;
 mod cow;
 mod data_writes;
 mod early_maps;
