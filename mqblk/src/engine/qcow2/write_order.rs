@@ -464,4 +464,22 @@ mod tests {
             WriteMode::Through { sync_first: true }
         );
     }
+
+    #[test]
+    fn only_writes_that_may_hold_l2_entries_wait_for_early_mappings() {
+        let w = order(&header(3 * C, 2, 0), &l1(&[5 * C, 0]), &[]);
+        assert!(w.may_hold_mappings(5 * C + 512, 512), "a known L2 table");
+        assert!(
+            !w.may_hold_mappings(7 * C, C),
+            "a new table or a refcount block"
+        );
+        assert!(!w.may_hold_mappings(3 * C, 16), "the L1 table");
+        let early = w.begin_early().expect("the tables are known");
+        drop(early);
+        // Once the tables are not known, every metadata write waits, and nothing is mapped
+        // early.
+        w.reload_failed();
+        assert!(w.may_hold_mappings(7 * C, C));
+        assert!(w.begin_early().is_none());
+    }
 }
