@@ -115,22 +115,29 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
     if be32(head, 32) != 0 {
         return Err(Qcow2Error::Encrypted(path.display().to_string()));
     }
-    // What the tables may be, as QEMU bounds them: mqblk reads both before imago does.
+    // What the tables may be, as QEMU bounds them (`qcow2_validate_table`): mqblk reads both
+    // before imago does, and computes with their ends.
     let cluster = 1u64 << cluster_bits;
+    let fits = |offset: u64, bytes: u64, max: u64| {
+        offset.is_multiple_of(cluster) && bytes <= max && offset <= i64::MAX as u64 - bytes
+    };
     let (l1_offset, l1_entries) = (be64(head, 40), be32(head, 36));
-    if l1_offset % cluster != 0 || u64::from(l1_entries) * 8 > MAX_L1_BYTES {
+    if !fits(l1_offset, u64::from(l1_entries) * 8, MAX_L1_BYTES) {
         return Err(bad(format!(
             "an L1 table of {l1_entries} entries at {l1_offset} (cluster-aligned, at most {} \
-             entries)",
+             entries, ending within a file)",
             MAX_L1_BYTES / 8
         )));
     }
     let (reftable_offset, reftable_clusters) = (be64(head, 48), be32(head, 56));
-    if reftable_offset % cluster != 0 || u64::from(reftable_clusters) * cluster > MAX_REFTABLE_BYTES
-    {
+    if !fits(
+        reftable_offset,
+        u64::from(reftable_clusters) * cluster,
+        MAX_REFTABLE_BYTES,
+    ) {
         return Err(bad(format!(
             "a refcount table of {reftable_clusters} clusters at {reftable_offset} \
-             (cluster-aligned, at most {MAX_REFTABLE_BYTES} bytes)"
+             (cluster-aligned, at most {MAX_REFTABLE_BYTES} bytes, ending within a file)"
         )));
     }
     let mut ext_start = 72usize;
@@ -394,6 +401,8 @@ mod tests {
             (40, 4096),             // L1 offset: not cluster-aligned
             (48, 512),              // refcount table offset
             (56, 129),              // refcount table clusters: past 8 MiB
+            (40, !0xffff),          // L1 offset: its end past any file
+            (48, !0xffff),          // refcount table offset: the same
         ] {
             let mut h = v3(1 << 30, 0, None);
             match at {
