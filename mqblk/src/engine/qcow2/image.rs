@@ -118,7 +118,7 @@ impl Image {
     /// Brings the image's own tables up to what the file holds, as the only backend writing
     /// it from now on (imago's caches written back first, dropped after): each table counted
     /// free is counted in use again ([`refcount_repair`](super::refcount_repair)), and the
-    /// write order's mirror of the L1 table is read again.
+    /// write order's mirrors of the L1 and refcount tables are read again.
     pub fn mend_tables(&self) -> std::io::Result<()> {
         let (Some(tables), Some(order)) = (&self.tables, &self.write_order) else {
             return Ok(());
@@ -332,7 +332,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
     if writable {
         top_file = top_file
             .ordered()
-            .map_err(io_err("cannot read the L1 table of", path))?;
+            .map_err(io_err("cannot read the L1 and refcount tables of", path))?;
     }
     let write_order = top_file.write_order();
     let tables = writable.then(|| top_file.tables());

@@ -15,7 +15,8 @@
 
 use std::io;
 
-use crate::format::qcow2::header::{table_entries, Header};
+use super::table_io::Tables;
+use crate::format::qcow2::header::table_entries;
 
 /// The refcount of entry `index` of a refcount block of `bits`-bit entries.
 fn get(block: &[u8], index: u64, bits: u32) -> u64 {
@@ -55,26 +56,26 @@ fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
     table_entries(table).filter(|&o| o != 0)
 }
 
-/// Counts 1 every L2 table and refcount block of the image (`header`, whose L1 table's bytes
-/// are `l1`) that is counted 0, reading with `read(offset, len)` and writing whole refcount
-/// blocks back with `write(offset, bytes)`. Returns the tables' offsets it counted again.
+/// Counts 1 every L2 table and refcount block of the image (`tables`) that is counted 0,
+/// reading refcount blocks with `read(offset, len)` and writing them back whole with
+/// `write(offset, bytes)`. Returns the tables' offsets it counted again.
 pub fn repair(
-    header: &Header,
-    l1: &[u8],
+    tables: &Tables,
     file_size: u64,
     read: impl Fn(u64, usize) -> io::Result<Vec<u8>>,
     mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
 ) -> io::Result<Vec<u64>> {
+    let Tables {
+        header,
+        l1,
+        reftable,
+    } = *tables;
     let cluster_bits = header.cluster_bits;
     let cluster = 1usize << cluster_bits;
     let bits = 1u32 << header.refcount_order;
     // log2 of the entries of a refcount block.
     let rb_bits = cluster_bits + 3 - header.refcount_order;
-    let reftable = read(
-        header.reftable_offset,
-        header.reftable_clusters as usize * cluster,
-    )?;
-    let refblocks: Vec<u64> = table_entries(&reftable).collect();
+    let refblocks: Vec<u64> = table_entries(reftable).collect();
     // The L2 tables and refcount blocks, and the clusters of the L1 and refcount tables
     // themselves (a grown table is as exposed as a new L2 table).
     let spans = |offset: u64, len: u64| {
@@ -85,7 +86,7 @@ pub fn repair(
     // What lies past the end of the file or off a cluster boundary is not a table of this
     // image (imago refuses such an image when it reads there): left alone, never written.
     let mut tables: Vec<u64> = entries(l1)
-        .chain(entries(&reftable))
+        .chain(entries(reftable))
         .chain(spans(header.l1_offset, 8 * u64::from(header.l1_entries)))
         .chain(spans(header.reftable_offset, reftable.len() as u64))
         .filter(|&t| t < file_size && t % cluster as u64 == 0)
@@ -127,6 +128,7 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
+    use crate::format::qcow2::header::Header;
 
     const C: u64 = 1 << 16;
 
@@ -194,11 +196,13 @@ mod tests {
             file.borrow_mut()[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
             Ok(())
         };
-        let l1 = read(3 * C, 16).unwrap();
-        assert_eq!(
-            repair(&header, &l1, 8 * C, read, write).unwrap(),
-            vec![4 * C]
-        );
+        let (l1, reftable) = (read(3 * C, 16).unwrap(), read(C, C as usize).unwrap());
+        let tables = Tables {
+            header: &header,
+            l1: &l1,
+            reftable: &reftable,
+        };
+        assert_eq!(repair(&tables, 8 * C, read, write).unwrap(), vec![4 * C]);
         let f = file.borrow();
         let rb = &f[2 * C as usize..3 * C as usize];
         let counts: Vec<u64> = (0..8).map(|i| get(rb, i, 16)).collect();
@@ -206,8 +210,7 @@ mod tests {
         assert_eq!(*writes.borrow(), 1);
         drop(f);
         // Nothing left to do: nothing written.
-        let l1 = read(3 * C, 16).unwrap();
-        assert!(repair(&header, &l1, 8 * C, read, write).unwrap().is_empty());
+        assert!(repair(&tables, 8 * C, read, write).unwrap().is_empty());
         assert_eq!(*writes.borrow(), 1);
     }
 }

@@ -1,5 +1,5 @@
-//! The image's own tables read and written outside imago, blocking: the header and L1 table
-//! that [`WriteOrder`](super::write_order) mirrors, and the refcounts
+//! The image's own tables read and written outside imago, blocking: the header and the L1 and
+//! refcount tables that [`WriteOrder`](super::write_order) mirrors, and the refcounts
 //! [`refcount_repair`](super::refcount_repair) mends. Reads go through a buffer aligned for
 //! O_DIRECT (the descriptor is imago's, with its flags); writes are written through.
 
@@ -12,8 +12,15 @@ use imago::io_buffers::IoBuffer;
 use rustix::io::ReadWriteFlags;
 
 use super::refcount_repair;
-use super::write_order::{Tables, WriteOrder};
+use super::write_order::WriteOrder;
 use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
+
+/// An image's header and the bytes of its L1 and refcount tables, as read at one time.
+pub struct Tables<'a> {
+    pub header: &'a Header,
+    pub l1: &'a [u8],
+    pub reftable: &'a [u8],
+}
 
 /// An image file, for its tables.
 #[derive(Debug, Clone)]
@@ -34,57 +41,46 @@ impl TableIo {
         }
     }
 
-    /// The image's header and the bytes of its L1 table, as the file holds them.
-    fn read_l1(&self) -> io::Result<(Header, Vec<u8>)> {
+    /// Calls `f` with the image's header and its L1 and refcount tables, as the file holds
+    /// them.
+    fn with_tables<R>(&self, f: impl FnOnce(&Tables) -> R) -> io::Result<R> {
         let size = self.file.metadata()?.len();
         let head = self.read(0, HEAD_BYTES.min(size as usize))?;
         let header = header::parse(&self.path, &head).map_err(io::Error::other)?;
         let l1 = self.read(header.l1_offset, header.l1_entries as usize * 8)?;
-        Ok((header, l1))
-    }
-
-    /// The bytes of the refcount table of an image with `header` (bounded at open: at most
-    /// 8 MiB).
-    pub fn read_reftable(&self, header: &Header) -> io::Result<Vec<u8>> {
-        let len = u64::from(header.reftable_clusters) << header.cluster_bits;
-        self.read(header.reftable_offset, len as usize)
-    }
-
-    /// The write ordering of this image, as its tables are now.
-    pub fn write_order(&self) -> io::Result<WriteOrder> {
-        let (header, l1) = self.read_l1()?;
-        let reftable = self.read_reftable(&header)?;
-        Ok(WriteOrder::new(&Tables {
+        // Bounded at open: at most 8 MiB.
+        let reftable_bytes = u64::from(header.reftable_clusters) << header.cluster_bits;
+        let reftable = self.read(header.reftable_offset, reftable_bytes as usize)?;
+        Ok(f(&Tables {
             header: &header,
             l1: &l1,
             reftable: &reftable,
         }))
     }
 
+    /// The write ordering of this image, as its tables are now.
+    pub fn write_order(&self) -> io::Result<WriteOrder> {
+        self.with_tables(WriteOrder::new)
+    }
+
     /// Gives `order` the tables as they are now (after a header write).
     pub fn reload(&self, order: &WriteOrder) -> io::Result<()> {
-        let (header, l1) = self.read_l1()?;
-        let reftable = self.read_reftable(&header)?;
-        order.reload(&Tables {
-            header: &header,
-            l1: &l1,
-            reftable: &reftable,
-        });
-        Ok(())
+        self.with_tables(|t| order.reload(t))
     }
 
     /// Counts 1 each of the image's own tables that is counted 0 ([`refcount_repair`]);
     /// returns their offsets. Only while nothing else writes the image: before imago
     /// allocates, with no other backend serving it.
     pub fn repair_table_refcounts(&self) -> io::Result<Vec<u64>> {
-        let (header, l1) = self.read_l1()?;
-        refcount_repair::repair(
-            &header,
-            &l1,
-            self.file.metadata()?.len(),
-            |offset, len| self.read(offset, len),
-            |offset, bytes| self.write_through(offset, bytes),
-        )
+        let file_size = self.file.metadata()?.len();
+        self.with_tables(|t| {
+            refcount_repair::repair(
+                t,
+                file_size,
+                |offset, len| self.read(offset, len),
+                |offset, bytes| self.write_through(offset, bytes),
+            )
+        })?
     }
 
     /// `len` bytes at `offset` (zeros past the end of the file).

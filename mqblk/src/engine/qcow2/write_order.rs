@@ -48,7 +48,8 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use super::early_maps::{Early, EarlyMaps};
-use crate::format::qcow2::header::{table_entries, Header};
+use super::table_io::Tables;
+use crate::format::qcow2::header::table_entries;
 
 /// How one write goes to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,14 +133,6 @@ impl Mirror {
             entry += 8;
         }
     }
-}
-
-/// What [`WriteOrder`] reads of an image: its header and the bytes of its L1 and refcount
-/// tables.
-pub struct Tables<'a> {
-    pub header: &'a Header,
-    pub l1: &'a [u8],
-    pub reftable: &'a [u8],
 }
 
 impl State {
@@ -286,6 +279,7 @@ impl WriteOrder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::qcow2::header::Header;
 
     const C: u64 = 1 << 16;
 
