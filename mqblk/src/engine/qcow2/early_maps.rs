@@ -26,6 +26,7 @@
 //! last group commit wrote (every acknowledged write). Serving it again starts from there.
 
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::task::{Poll, Waker};
 
@@ -33,6 +34,9 @@ use std::task::{Poll, Waker};
 #[derive(Debug, Default)]
 pub struct EarlyMaps {
     state: Mutex<State>,
+    /// A data write into a cluster mapped ahead of it failed (read by every metadata write
+    /// and metadata-path request: no lock).
+    broken: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -42,8 +46,6 @@ struct State {
     /// L2 table writes waiting for those: no new mapping is made early meanwhile.
     draining: usize,
     waiters: Vec<Waker>,
-    /// A data write into a cluster mapped ahead of it failed.
-    broken: bool,
 }
 
 /// A data write into a cluster mapped ahead of it, under way until dropped.
@@ -60,8 +62,11 @@ impl EarlyMaps {
     /// Counts a data write under way into a cluster to be mapped ahead of it, unless an L2
     /// table write is waiting for such writes to end (then the caller writes the data first).
     pub fn begin(&self) -> Option<Early<'_>> {
+        if self.broken() {
+            return None;
+        }
         let mut s = self.state();
-        if s.draining > 0 || s.broken {
+        if s.draining > 0 {
             return None;
         }
         s.pending += 1;
@@ -93,12 +98,12 @@ impl EarlyMaps {
 
     /// A data write into a cluster mapped ahead of it failed: nothing may write the mapping.
     pub fn set_broken(&self) {
-        self.state().broken = true;
+        self.broken.store(true, Ordering::Release);
     }
 
     /// Whether [`set_broken`](Self::set_broken) was called.
     pub fn broken(&self) -> bool {
-        self.state().broken
+        self.broken.load(Ordering::Acquire)
     }
 }
 
