@@ -15,8 +15,7 @@
 
 use std::io;
 
-use super::table_io::Tables;
-use crate::format::qcow2::header::table_entries;
+use crate::format::qcow2::header::{table_entries, Tables};
 
 /// The refcount of entry `index` of a refcount block of `bits`-bit entries.
 fn get(block: &[u8], index: u64, bits: u32) -> u64 {

@@ -13,14 +13,7 @@ use rustix::io::ReadWriteFlags;
 
 use super::refcount_repair;
 use super::write_order::WriteOrder;
-use crate::format::qcow2::header::{self, Header, HEAD_BYTES};
-
-/// An image's header and the bytes of its L1 and refcount tables, as read at one time.
-pub struct Tables<'a> {
-    pub header: &'a Header,
-    pub l1: &'a [u8],
-    pub reftable: &'a [u8],
-}
+use crate::format::qcow2::header::{self, Tables, HEAD_BYTES};
 
 /// An image file, for its tables.
 #[derive(Debug, Clone)]

@@ -48,8 +48,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use super::early_maps::{Early, EarlyMaps};
-use super::table_io::Tables;
-use crate::format::qcow2::header::table_entries;
+use crate::format::qcow2::header::{table_entries, Tables};
 
 /// How one write goes to the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

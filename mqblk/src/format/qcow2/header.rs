@@ -87,6 +87,16 @@ pub fn table_entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .map(|e| be64(e, 0) & TABLE_ENTRY_OFFSET)
 }
 
+/// An image's header and the bytes of its L1 and refcount tables, as read at one time.
+pub struct Tables<'a> {
+    /// The header, which says where the tables are.
+    pub header: &'a Header,
+    /// The L1 table's `l1_entries` entries.
+    pub l1: &'a [u8],
+    /// The refcount table's `reftable_clusters` clusters.
+    pub reftable: &'a [u8],
+}
+
 /// Whether `head` (an image's first bytes) starts with the qcow2 magic.
 pub fn is_qcow2(head: &[u8]) -> bool {
     head.len() >= 4 && be32(head, 0) == MAGIC
