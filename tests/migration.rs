@@ -75,6 +75,7 @@ use support::qemu::{
 };
 use support::qemu_img::qemu_img;
 use support::qmp::Qmp;
+use support::wait::wait_until;
 
 /// Queues of the disk (and vCPUs of the guest).
 const QUEUES: usize = 2;
@@ -878,9 +879,19 @@ impl Run {
                 "source queue {q}: last_avail_idx {avail} = used idx {used}"
             ));
         }
-        let status = dst.qmp.cmd("query-status", json!({}))?;
-        if status["status"] != "running" {
-            return Err(format!("the destination is not running: {status}"));
+        // The source says "completed" once it has sent the last state; the destination runs
+        // once it has loaded it and started its devices (the vhost-user disk's rings among
+        // them), which on a busy machine comes a little later.
+        let mut status = json!(null);
+        let running = wait_until(STALL_TIMEOUT, || {
+            status = dst.qmp.cmd("query-status", json!({})).unwrap_or_default();
+            status["status"] == "running"
+        });
+        if !running {
+            return Err(format!(
+                "the destination is not running {} s after the migration completed: {status}",
+                STALL_TIMEOUT.as_secs()
+            ));
         }
         let mut src = std::mem::replace(self.vm.as_mut().expect("a guest runs"), dst);
         let _ = src.qmp.cmd("quit", json!({}));
