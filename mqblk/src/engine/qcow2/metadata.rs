@@ -176,7 +176,7 @@ impl Jobs {
 pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     // Made here, so that a failure is the caller's error, not a worker that is missing.
-    let ring = io_uring::IoUring::new(RING_ENTRIES)?;
+    let ring = uring_io::worker_ring(RING_ENTRIES, crate::sandbox::rings_confined())?;
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
     let image = image.clone();
     let worker_wake = wake.clone();
