@@ -923,6 +923,90 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
     assert_checks_clean(&img, false);
 }
 
+/// A new cluster is mapped in imago's cache before its data is written (`early_maps.rs`), and
+/// no L2 table may reach the image file while such a data write is under way: otherwise a
+/// crash leaves the file mapping the cluster to a place without its data, and the base's bytes
+/// around the guest's write read as zeros. A debug build's test delay holds a copy-on-write's
+/// data write back for 4 s after its mapping (`test_delay.rs`); meanwhile a whole-cluster
+/// write elsewhere (imago's own write, which maps after its data) makes a group commit write
+/// the L2 table that holds the first cluster's mapping. mqblk is killed inside the window: the
+/// first cluster must read as the base, and the second write, whose commit waits for that
+/// data, must not have completed. (Without the wait, the second write completed and the first
+/// cluster read back as zeros.)
+#[test]
+fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
+    use support::frontend::*;
+    if !cfg!(debug_assertions) {
+        eprintln!("skipped: the test delay is in debug builds only");
+        return;
+    }
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("s.sock");
+    let export = overlay_export(&sock, &overlay, &base, "raw").queues(1);
+    let mut cmd = std::process::Command::new(mqblk_bin());
+    cmd.arg("serve").arg("--export").arg(export.spec());
+    cmd.env("MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS", "4000");
+    let mut daemon = Daemon::spawn(&dir, cmd, &[&sock]);
+    let mut s = Session::open_features(&sock, 16, None, F_BLK_FLUSH);
+    let (first, second) = (3 * CLUSTER, 9 * CLUSTER);
+    // Into the first cluster, 4 KiB in: a copy-on-write, mapped ahead of its data.
+    s.guest.write(HDR_GPA, &header(T_OUT, (first + 4096) / 512));
+    s.guest.write(DATA_GPA, &[0x5a; 4096]);
+    s.write_descs(
+        0,
+        0,
+        &[
+            d(HDR_GPA, 16, VRING_F_NEXT, 1),
+            d(DATA_GPA, 4096, VRING_F_NEXT, 2),
+            d(STATUS_GPA, 1, VRING_F_WRITE, 0),
+        ],
+    );
+    s.post_raw(0, 0, 0);
+    assert_eq!(s.wait_used(0, Duration::from_millis(500)), Answer::Nothing);
+    // All of the second cluster: imago writes the data, maps it, and the group commit then
+    // writes the L2 table both clusters are in.
+    const DATA2_GPA: u64 = 0x8_0000;
+    s.guest.write(HDR_GPA + 0x100, &header(T_OUT, second / 512));
+    s.guest.write(DATA2_GPA, &[0xa7; CLUSTER as usize]);
+    s.write_descs(
+        0,
+        3,
+        &[
+            d(HDR_GPA + 0x100, 16, VRING_F_NEXT, 4),
+            d(DATA2_GPA, CLUSTER as u32, VRING_F_NEXT, 5),
+            d(STATUS_GPA + 0x10, 1, VRING_F_WRITE, 3),
+        ],
+    );
+    s.post_raw(0, 3, 0);
+    let answer = s.wait_used(0, Duration::from_millis(1000));
+    daemon.signal(rustix::process::Signal::KILL);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while daemon.has_exited().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon survived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(daemon.log().contains("a test's delay"), "{}", daemon.log());
+    drop(s);
+    let back = read_through_qemu(&overlay, &dir.join("back.raw"));
+    let base_bytes = std::fs::read(&base).unwrap();
+    let at = first as usize..(first + CLUSTER) as usize;
+    assert!(
+        back[at.clone()] == base_bytes[at],
+        "the first cluster's mapping reached the file before its data"
+    );
+    assert_eq!(
+        answer,
+        Answer::Nothing,
+        "the second write waited for the table"
+    );
+    assert_checks_clean(&overlay, true);
+}
+
 /// A crash between imago's write of a new L2 table's L1 entry and the write-back of the
 /// refcount that counts the table leaves the table's cluster counted free (imago writes the
 /// refcount after; QEMU before). Served again, mqblk counts it in use before anything is

@@ -39,6 +39,7 @@ mod metadata;
 mod refcount_repair;
 mod storage;
 mod table_io;
+mod test_delay;
 mod unpersisted;
 mod uring_io;
 mod write_order;

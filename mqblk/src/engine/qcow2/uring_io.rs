@@ -23,12 +23,14 @@ use crate::sandbox::uring::{restrict_and_enable, RingAllowlist};
 /// The `user_data` of the wake eventfd's read.
 const WAKE: u64 = u64::MAX;
 
-/// The opcodes of the entries a worker's ring takes ([`Io`] and the wake eventfd's read).
+/// The opcodes of the entries a worker's ring takes ([`Io`] and the wake eventfd's read; a
+/// timeout reaches nothing outside the ring).
 pub const OPCODES: &[u8] = &[
     opcode::Readv::CODE,
     opcode::Writev::CODE,
     opcode::Fsync::CODE,
     opcode::Read::CODE,
+    opcode::Timeout::CODE,
 ];
 
 /// A metadata worker's ring of `entries`; `confined` (a confined daemon): it takes only
@@ -67,6 +69,15 @@ pub async fn sync_data(file: &std::fs::File) -> io::Result<()> {
     }
 }
 
+/// Waits `d` on this thread's ring (blocking without one).
+pub async fn sleep(d: Duration) {
+    match current() {
+        // SAFETY: a timeout names no memory of the caller's (its time is the slot's).
+        Some(ring) => drop(unsafe { ring.start(-1, Io::Sleep(d), 0) }.await),
+        None => std::thread::sleep(d),
+    }
+}
+
 /// One read of `fd` at `offset` into `buf`: on this thread's ring if it has one, blocking
 /// otherwise. Returns the bytes read (0 at the end of the file).
 pub async fn read_at(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
@@ -98,6 +109,8 @@ pub enum Io<'a> {
     WriteThrough(&'a [libc::iovec]),
     /// `fdatasync` (true) or `fsync` (false).
     Sync { data_only: bool },
+    /// Nothing, for this long (a timeout; completes with -ETIME).
+    Sleep(Duration),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -112,6 +125,9 @@ struct Slot {
     state: State,
     /// The entry's iovec array: it must outlive the entry, so the slot owns a copy.
     iovecs: Vec<libc::iovec>,
+    /// A sleep's time, which the kernel reads when the entry is submitted (boxed: the slots
+    /// move when more are made).
+    sleep: Option<Box<types::Timespec>>,
     waker: Option<Waker>,
 }
 
@@ -167,6 +183,7 @@ impl Reactor {
             slots.push(Slot {
                 state: State::Free,
                 iovecs: Vec::new(),
+                sleep: None,
                 waker: None,
             });
             slots.len() - 1
@@ -198,6 +215,10 @@ impl Reactor {
                         false => types::FsyncFlags::empty(),
                     };
                     opcode::Fsync::new(fd).flags(flags).build()
+                }
+                Io::Sleep(d) => {
+                    let ts = slot.sleep.insert(Box::new(types::Timespec::from(d)));
+                    opcode::Timeout::new(&**ts).build()
                 }
             }
         };
