@@ -19,10 +19,16 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
-targets=(parse_request raw_bytes dirty_log memory_table)
+targets=(parse_request raw_bytes dirty_log memory_table qcow2_image)
 # dirty_log: its LogInput decodes from 600 bytes; more is ignored.
 # memory_table: 16 actions of at most 4 regions each fit well within 2 KiB.
-declare -A max_len=([parse_request]=1024 [raw_bytes]=1100 [dirty_log]=640 [memory_table]=2048)
+# qcow2_image: an image of 512-byte clusters (the seeds') has its tables within 16 KiB. Its
+# exports' metadata worker threads end on their own once the export is dropped, so the last
+# one may still hold its image when the process exits, which LeakSanitizer's exit check would
+# report: leaks are not checked for it (a leak per input would show as growing RSS instead,
+# which -rss_limit_mb bounds).
+declare -A extra=([qcow2_image]="-detect_leaks=0")
+declare -A max_len=([parse_request]=1024 [raw_bytes]=1100 [dirty_log]=640 [memory_table]=2048 [qcow2_image]=16384)
 
 start=$(date +%s)
 mkdir -p target
@@ -41,7 +47,7 @@ for t in "${targets[@]}"; do
     set +e
     cargo fuzz run "$t" "$work" "corpus/$t" -- \
         -max_total_time="$secs" -max_len="${max_len[$t]}" -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 >"$log" 2>&1
+        -print_final_stats=1 ${extra[$t]:-} >"$log" 2>&1
     rc=$?
     set -e
     execs=$(grep -m1 '^stat::number_of_executed_units' "$log" | awk '{print $2}')
@@ -54,4 +60,6 @@ for t in "${targets[@]}"; do
         exit 1
     fi
 done
+# qcow2_image's image files (one per fuzzing process).
+rm -f /dev/shm/mqblk-fuzz-qcow2-*.img /tmp/mqblk-fuzz-qcow2-*.img
 echo "fuzz: all targets ran clean in $(( $(date +%s) - start )) s"

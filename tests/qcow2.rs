@@ -1007,6 +1007,88 @@ fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
     assert_checks_clean(&overlay, true);
 }
 
+/// An image whose own metadata no refcount block covers is corrupt, and imago would allocate
+/// the header's cluster as free. Two such images: one made by `qemu-img` with its refcount
+/// table emptied by hand (a guest's write went through and overwrote the header), and one the
+/// `qcow2_image` fuzz target found (its seed corpus keeps it), on which imago's allocator
+/// recursed until it overflowed the metadata worker's stack at the guest's first write and
+/// ended the daemon (SIGABRT), every export with it. The image's queue now does not start,
+/// with one line naming the image and `qemu-img check -r all`; the daemon lives on and its
+/// other export serves.
+#[test]
+fn an_image_whose_metadata_no_refcount_block_covers_does_not_start_and_the_daemon_serves_on() {
+    use std::os::unix::fs::FileExt;
+    let dir = TestDir::new();
+    let emptied = dir.join("emptied.qcow2");
+    let name = emptied.display().to_string();
+    qemu_img_ok(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=512",
+        &name,
+        "1M",
+    ]);
+    qemu_io_ok(&emptied, "write -P 0x5a 0 4k");
+    let reftable = be64_at(&emptied, 48);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&emptied)
+        .unwrap();
+    f.write_all_at(&[0; 8], reftable).unwrap();
+    drop(f);
+    let found = dir.join("found.qcow2");
+    let seed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/corpus/qcow2_image/uncounted-metadata-recursion"
+    );
+    std::fs::copy(seed, &found).unwrap();
+    for img in [emptied, found] {
+        serve_an_uncounted_image(&dir, &img);
+    }
+}
+
+fn serve_an_uncounted_image(dir: &TestDir, img: &Path) {
+    let name = img.display().to_string();
+    let stem = img.file_stem().unwrap().to_string_lossy();
+    let (sock, other_sock) = (
+        dir.join(&format!("{stem}.sock")),
+        dir.join(&format!("{stem}-o.sock")),
+    );
+    let exports = [
+        Export::file(&sock, img)
+            .queues(1)
+            .set("format", "qcow2")
+            .direct(false),
+        Export::null(&other_sock, 1 << 20).queues(1),
+    ];
+    let mut d = Daemon::start(dir, &exports);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.set_timeout(Duration::from_secs(2));
+    assert!(
+        c.write(0, 0, &[0xa5; 4096]).is_err(),
+        "the queue must not start"
+    );
+    assert!(
+        d.wait_for_log("counted by no refcount block", Duration::from_secs(5)),
+        "{}",
+        d.log()
+    );
+    let log = d.log();
+    assert!(
+        log.contains(&name) && log.contains("qemu-img check -r all"),
+        "{log}"
+    );
+    assert!(d.has_exited().is_none(), "the daemon died: {log}");
+    let mut other = Client::connect(&other_sock, 1).unwrap();
+    other.write(0, 0, &[1; 4096]).unwrap();
+    other.read_vec(0, 0, 4096).unwrap();
+    drop((c, other));
+    d.stop();
+}
+
 /// A crash between imago's write of a new L2 table's L1 entry and the write-back of the
 /// refcount that counts the table leaves the table's cluster counted free (imago writes the
 /// refcount after; QEMU before). Served again, mqblk counts it in use before anything is

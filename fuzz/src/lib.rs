@@ -17,12 +17,15 @@
 //! `dirty_log` (module [`dirty_log`]) maps the live-migration dirty log from a hostile
 //! frontend's memfd and marks a hostile guest's ranges in it, against a plain bitmap model.
 //!
+//! `qcow2_image` (module [`qcow2_image`]) opens a qcow2 image of arbitrary bytes as an export.
+//!
 //! The input is decoded by `arbitrary`'s derive: fields in order, integers little-endian, bools
 //! from the low bit of a byte, zeros once the data runs out. [`Encode`] is the inverse, used by
 //! `examples/gen_seeds.rs` to write the committed seed corpus.
 
 pub mod dirty_log;
 pub mod memory_table;
+pub mod qcow2_image;
 
 use arbitrary::Arbitrary;
 use mqblk::blk::chain::{ChainWalker, HostTable};

@@ -1,5 +1,6 @@
 //! Before anything is allocated, the refcounts of the image's own tables: an L2 table or refcount block that its
-//! L1 table or refcount table points at, counted 0, is counted 1 again.
+//! L1 table or refcount table points at, counted 0, is counted 1 again; a table (or the
+//! header) that no refcount block covers makes the image refused.
 //!
 //! imago writes a new L2 table and the L1 entry that points at it (and a new refcount block
 //! and the refcount table entry) before the refcount block that counts the new table's
@@ -12,6 +13,14 @@
 //! them, not a walk of every L2 table. It runs when an export's first ring starts
 //! ([`Image::mend_tables`](super::image::Image::mend_tables)), not at open: until then the source
 //! of a live migration may still be writing the image.
+//!
+//! A cluster of the image's own metadata that no refcount block covers (its refcount table
+//! entry is 0) is no crash's doing: imago writes a new refcount block and its table entry
+//! before it returns the cluster it allocates. Such an image is corrupt, and imago would
+//! allocate that cluster (the header's, say) as if free: a crafted image of this kind, found
+//! by the `qcow2_image` fuzz target, sent imago's allocator into a recursion that overflowed
+//! the worker's stack and ended the daemon at the guest's first write. So it is an error
+//! here, and the export's queues do not start (`qemu-img check -r all` mends the image).
 
 use std::io;
 
@@ -57,7 +66,8 @@ fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
 
 /// Counts 1 every L2 table and refcount block of the image (`tables`) that is counted 0,
 /// reading refcount blocks with `read(offset, len)` and writing them back whole with
-/// `write(offset, bytes)`. Returns the tables' offsets it counted again.
+/// `write(offset, bytes)`. Returns the tables' offsets it counted again; an error
+/// (`InvalidData`) where a table or the header is covered by no refcount block.
 pub fn repair(
     tables: &Tables,
     file_size: u64,
@@ -84,7 +94,8 @@ pub fn repair(
     };
     // What lies past the end of the file or off a cluster boundary is not a table of this
     // image (imago refuses such an image when it reads there): left alone, never written.
-    let mut tables: Vec<u64> = entries(l1)
+    let mut tables: Vec<u64> = std::iter::once(0)
+        .chain(entries(l1))
         .chain(entries(reftable))
         .chain(spans(header.l1_offset, 8 * u64::from(header.l1_entries)))
         .chain(spans(header.reftable_offset, reftable.len() as u64))
@@ -96,12 +107,18 @@ pub fn repair(
     let mut block: Option<(u64, Vec<u8>, bool)> = None; // (offset, bytes, changed)
     for table in tables {
         let index = table >> cluster_bits;
-        let Some(&rb) = refblocks.get((index >> rb_bits) as usize) else {
-            continue; // Counted nowhere: beyond what the refcount table covers.
+        let rb = refblocks.get((index >> rb_bits) as usize).copied();
+        let Some(rb) = rb.filter(|&rb| rb != 0 && rb < file_size && rb % cluster as u64 == 0)
+        else {
+            let what = if table == 0 { "the header" } else { "a table" };
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the image is corrupt: {what} at offset {table} is counted by no refcount \
+                     block; run `qemu-img check -r all` on it"
+                ),
+            ));
         };
-        if rb == 0 || rb >= file_size || rb % cluster as u64 != 0 {
-            continue; // No refcount block there: only `qemu-img check -r all` can mend it.
-        }
         if block.as_ref().map(|b| b.0) != Some(rb) {
             if let Some((at, bytes, true)) = block.take() {
                 write(at, &bytes)?;
@@ -211,5 +228,15 @@ mod tests {
         // Nothing left to do: nothing written.
         assert!(repair(&tables, 8 * C, read, write).unwrap().is_empty());
         assert_eq!(*writes.borrow(), 1);
+        // No refcount block for the first clusters (header, tables): corrupt, refused.
+        let no_refblock = vec![0u8; C as usize];
+        let uncovered = Tables {
+            reftable: &no_refblock,
+            ..tables
+        };
+        let e = repair(&uncovered, 8 * C, read, write).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("the header at offset 0"), "{e}");
+        assert_eq!(*writes.borrow(), 1, "nothing written");
     }
 }

@@ -74,6 +74,12 @@ impl TableIo {
                 |offset, bytes| self.write_through(offset, bytes),
             )
         })?
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::InvalidData => {
+                io::Error::new(e.kind(), format!("{}: {e}", self.path.display()))
+            }
+            _ => e,
+        })
     }
 
     /// `len` bytes at `offset` (zeros past the end of the file).
