@@ -47,8 +47,8 @@ pub fn run(data: &[u8]) {
 }
 
 /// A few requests, as a guest would make them, through a channel of `engine`: reads at the
-/// start, the middle and the end of the disk, and, `writable`, a write, a read, a discard and
-/// a flush. Results do not matter (a corrupt image may fail any of them); each must complete.
+/// start, the middle and the end of the disk, and, `writable`, a write and a read at each of
+/// those places, a discard and a flush. Results do not matter (a corrupt image may fail any of them); each must complete.
 fn serve(engine: &dyn Engine, writable: bool) {
     let (Ok(mut channel), Ok(mut ring)) = (engine.channel(), io_uring::IoUring::new(4)) else {
         return;
@@ -61,9 +61,12 @@ fn serve(engine: &dyn Engine, writable: bool) {
         rw(&mut *channel, &mut ring, &mut buf, offset, capacity, false);
     }
     if writable {
+        // Writes allocate: each where the reads were, each read back.
         buf.fill(0x5a);
-        rw(&mut *channel, &mut ring, &mut buf, 0, capacity, true);
-        rw(&mut *channel, &mut ring, &mut buf, 0, capacity, false);
+        for &offset in &at {
+            rw(&mut *channel, &mut ring, &mut buf, offset, capacity, true);
+            rw(&mut *channel, &mut ring, &mut buf, offset, capacity, false);
+        }
         perform(
             &mut *channel,
             &mut ring,
