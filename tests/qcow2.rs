@@ -48,6 +48,19 @@ fn new_qcow2(dir: &TestDir, queues: usize) -> (PathBuf, PathBuf, Export) {
     (img, sock, export)
 }
 
+/// Serves `img` as a one-queue qcow2 export on `dir/s.sock` (with `direct=` when given), and
+/// connects to it.
+fn serve_one_queue(dir: &TestDir, img: &Path, direct: Option<bool>) -> (Daemon, Client) {
+    let sock = dir.join("s.sock");
+    let mut export = Export::file(&sock, img).queues(1).set("format", "qcow2");
+    if let Some(on) = direct {
+        export = export.direct(on);
+    }
+    let d = Daemon::start(dir, &[export]);
+    let c = Client::connect(&sock, 1).unwrap();
+    (d, c)
+}
+
 fn overlay_export(sock: &Path, overlay: &Path, base: &Path, format: &str) -> Export {
     Export::file(sock, overlay)
         .queues(2)
@@ -937,7 +950,10 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
 fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
     use support::frontend::*;
     if !cfg!(debug_assertions) {
-        eprintln!("skipped: the test delay is in debug builds only");
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_RELEASE_BUILD",
+            "the test delay (MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS) is in debug builds only",
+        );
         return;
     }
     let dir = TestDir::new();
@@ -1114,10 +1130,7 @@ fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allo
     let (code, text) = support::qemu_img::qemu_img(&["check", &name]).unwrap();
     assert_eq!(code, 2, "the damage must be there first: {text}");
 
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img).queues(1).set("format", "qcow2");
-    let mut d = Daemon::start(&dir, &[export]);
-    let mut c = Client::connect(&sock, 1).unwrap();
+    let (mut d, mut c) = serve_one_queue(&dir, &img, None);
     assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![0x5a; 4096]);
     // Mended when the first ring started (a migration's source may write the image until
     // then).
@@ -1172,13 +1185,7 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
     ]);
     let (_, info) = support::qemu_img::qemu_img(&["check", &img.display().to_string()]).unwrap();
     assert!(info.contains("100.00% compressed"), "{info}");
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img)
-        .queues(1)
-        .direct(false)
-        .set("format", "qcow2");
-    let mut d = Daemon::start(&dir, &[export]);
-    let mut c = Client::connect(&sock, 1).unwrap();
+    let (mut d, mut c) = serve_one_queue(&dir, &img, Some(false));
     if !sees_dirty_pages(&img) {
         return;
     }
@@ -1215,13 +1222,7 @@ fn a_full_filesystem_fails_only_the_writes_into_new_clusters() {
     let img = m.path().join("disk.qcow2");
     let name = img.display().to_string();
     qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
-    let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img)
-        .queues(1)
-        .direct(false)
-        .set("format", "qcow2");
-    let mut d = Daemon::start(&dir, &[export]);
-    let mut c = Client::connect(&sock, 1).unwrap();
+    let (mut d, mut c) = serve_one_queue(&dir, &img, Some(false));
     // 4 KiB into each 64 KiB cluster in turn: the filesystem holds about 28 of the 512.
     let byte = |k: u64| (k % 250) as u8 + 1;
     let (mut written, mut failed) = (Vec::new(), 0);
