@@ -940,7 +940,7 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
 /// no L2 table may reach the image file while such a data write is under way: otherwise a
 /// crash leaves the file mapping the cluster to a place without its data, and the base's bytes
 /// around the guest's write read as zeros. A debug build's test delay holds a copy-on-write's
-/// data write back for 4 s after its mapping (`test_delay.rs`); meanwhile a whole-cluster
+/// data write back for 4 s after its mapping (`test_hooks.rs`); meanwhile a whole-cluster
 /// write elsewhere (imago's own write, which maps after its data) makes a group commit write
 /// the L2 table that holds the first cluster's mapping. mqblk is killed inside the window: the
 /// first cluster must read as the base, and the second write, whose commit waits for that
@@ -1020,6 +1020,141 @@ fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
         Answer::Nothing,
         "the second write waited for the table"
     );
+    assert_checks_clean(&overlay, true);
+}
+
+/// A panic of an image's metadata worker (a bug of imago's or ours that a crafted image or
+/// request reaches; here a debug build's test hook, `MQBLK_TEST_ONLY_WORKER_PANIC_AT`) ends
+/// that image's metadata path and nothing else. Two allocating writes are in flight on the
+/// worker when it panics: one inside the test delay between its early mapping and its data
+/// (`MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS`), and the one that panics. Both get IOERR, and so do
+/// a later allocating write and a flush (the image was given up); the daemon lives on, its
+/// other export serves, it shuts down in time, and the image file keeps every acknowledged
+/// write and no mapping without its data (`qemu-img check`: no corruption). Before, the worker
+/// died with its jobs: both requests and every later one on the metadata path stayed
+/// unanswered.
+#[test]
+fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() {
+    use support::frontend::*;
+    if !cfg!(debug_assertions) {
+        support::skip::skip_unless_allowed(
+            "MQBLK_TEST_ALLOW_RELEASE_BUILD",
+            "the test hooks (MQBLK_TEST_ONLY_*) are in debug builds only",
+        );
+        return;
+    }
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let overlay = dir.join("overlay.qcow2");
+    let (sock, other_sock) = (dir.join("s.sock"), dir.join("o.sock"));
+    let (before, delayed, panics, after) = (CLUSTER, 3 * CLUSTER, 9 * CLUSTER, 12 * CLUSTER);
+    let mut cmd = std::process::Command::new(mqblk_bin());
+    cmd.arg("serve")
+        .arg("--export")
+        .arg(
+            overlay_export(&sock, &overlay, &base, "raw")
+                .queues(1)
+                .spec(),
+        )
+        .arg("--export")
+        .arg(Export::null(&other_sock, 1 << 20).queues(1).spec());
+    cmd.env("MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS", "1500");
+    cmd.env(
+        "MQBLK_TEST_ONLY_WORKER_PANIC_AT",
+        (panics + 4096).to_string(),
+    );
+    let mut daemon = Daemon::spawn(&dir, cmd, &[&sock, &other_sock]);
+    let mut s = Session::open_features(&sock, 16, None, F_BLK_FLUSH);
+    // Request `head` (descriptors head..head + 2): a 4 KiB write at `offset`, its header and
+    // status at their own places.
+    let post = |s: &mut Session, head: u16, offset: u64, byte: u8| {
+        let at = u64::from(head) * 0x100;
+        s.guest.write(HDR_GPA + at, &header(T_OUT, offset / 512));
+        s.guest.write(DATA_GPA + at * 16, &[byte; 4096]);
+        s.write_descs(
+            0,
+            head,
+            &[
+                d(HDR_GPA + at, 16, VRING_F_NEXT, head + 1),
+                d(DATA_GPA + at * 16, 4096, VRING_F_NEXT, head + 2),
+                d(STATUS_GPA + at, 1, VRING_F_WRITE, head),
+            ],
+        );
+        s.post_raw(0, head, 0);
+    };
+    let status =
+        |s: &mut Session, head: u16| s.guest.read(STATUS_GPA + u64::from(head) * 0x100, 1)[0];
+    // Acknowledged before the panic: an allocating write (its data waits out the delay).
+    post(&mut s, 0, before + 4096, 0x11);
+    assert_eq!(s.wait_used(0, Duration::from_secs(10)), Answer::Used(0, 1));
+    assert_eq!(status(&mut s, 0), S_OK);
+    // In flight on the worker: one inside the delay, then the one that panics.
+    post(&mut s, 3, delayed + 4096, 0x22);
+    assert_eq!(s.wait_used(0, Duration::from_millis(300)), Answer::Nothing);
+    post(&mut s, 6, panics + 4096, 0x33);
+    let mut answered = Vec::new();
+    for _ in 0..2 {
+        match s.wait_used(0, Duration::from_secs(10)) {
+            Answer::Used(head, _) => answered.push(head),
+            Answer::Nothing => panic!(
+                "a request the worker held was never answered: {}",
+                daemon.log()
+            ),
+        }
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, [3, 6]);
+    assert_eq!((status(&mut s, 3), status(&mut s, 6)), (S_IOERR, S_IOERR));
+    // The image was given up: a new allocation and a flush fail too, at once.
+    post(&mut s, 9, after + 4096, 0x44);
+    assert!(matches!(s.wait_used(0, ANSWER_TIMEOUT), Answer::Used(9, _)));
+    assert_eq!(status(&mut s, 9), S_IOERR);
+    s.guest.write(HDR_GPA + 0xc00, &header(T_FLUSH, 0));
+    s.write_descs(
+        0,
+        12,
+        &[
+            d(HDR_GPA + 0xc00, 16, VRING_F_NEXT, 13),
+            d(STATUS_GPA + 0xc00, 1, VRING_F_WRITE, 12),
+        ],
+    );
+    s.post_raw(0, 12, 0);
+    assert!(matches!(
+        s.wait_used(0, ANSWER_TIMEOUT),
+        Answer::Used(12, _)
+    ));
+    assert_eq!(
+        status(&mut s, 12),
+        S_IOERR,
+        "a flush after the image was given up"
+    );
+    let log = daemon.log();
+    assert!(
+        log.contains("a test's panic") && log.contains("the image is given up"),
+        "{log}"
+    );
+    assert!(daemon.has_exited().is_none(), "the daemon died: {log}");
+    let mut other = Client::connect(&other_sock, 1).unwrap();
+    other.write(0, 0, &[1; 4096]).unwrap();
+    other.read_vec(0, 0, 4096).unwrap();
+    drop((s, other));
+    daemon.stop();
+    // What reached the file: the acknowledged write, and no mapping without its data.
+    let back = read_through_qemu(&overlay, &dir.join("back.raw"));
+    let base_bytes = std::fs::read(&base).unwrap();
+    let mut expected = base_bytes[before as usize..(before + CLUSTER) as usize].to_vec();
+    expected[4096..8192].fill(0x11);
+    assert!(
+        back[before as usize..(before + CLUSTER) as usize] == expected[..],
+        "the acknowledged write"
+    );
+    for c in [delayed, panics, after] {
+        let at = c as usize..(c + CLUSTER) as usize;
+        assert!(
+            back[at.clone()] == base_bytes[at],
+            "cluster at {c} is not the base's"
+        );
+    }
     assert_checks_clean(&overlay, true);
 }
 

@@ -59,15 +59,10 @@ impl Qcow2Channel {
     }
 
     fn to_worker(&self, work: Work, token: u64) -> Started {
-        let job = Job {
-            work,
-            token,
-            replies: self.replies.clone(),
-        };
-        match self.jobs.send(job) {
+        match self.jobs.send(Job::new(work, token, self.replies.clone())) {
             Ok(()) => Started::Pending,
-            // The worker is gone only while the export shuts down.
-            Err(_) => Started::Done(-libc::EIO),
+            // The export is shutting down, or its worker panicked and the image was given up.
+            Err(metadata::WorkerGone) => Started::Done(-libc::EIO),
         }
     }
 }

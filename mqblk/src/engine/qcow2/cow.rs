@@ -24,7 +24,7 @@ use imago::storage::ext::StorageExt;
 use super::data_writes;
 use super::image::{resolve, Image};
 use super::mapping::Target;
-use super::test_delay;
+use super::test_hooks;
 use super::uring_io;
 
 /// Writes the guest's `data` (`len` bytes at guest `offset`, inside one cluster and less than
@@ -113,7 +113,7 @@ async fn write_cluster<'a>(
         return image.access.commit_data_mapping(mapping).await;
     };
     image.access.commit_data_mapping(mapping).await?;
-    test_delay::before_early_data().await;
+    test_hooks::before_early_data().await;
     let mut written = storage.writev(whole(), at).await;
     if written.is_err() {
         // Once more before giving the image up.

@@ -19,7 +19,7 @@
 //!
 //! It cannot wait for itself: a copy-on-write makes no I/O of imago's between its commit and
 //! its data write, and imago's commit writes refcount blocks at most, never an L2 table.
-//! (`tests/qcow2.rs` widens the window with a debug build's delay, [`test_delay`](super::test_delay),
+//! (`tests/qcow2.rs` widens the window with a debug build's delay, [`test_hooks`](super::test_hooks),
 //! and kills mqblk inside it.)
 //!
 //! If the data write fails after its mapping was committed, the mapping points at a cluster

@@ -102,6 +102,22 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Ope
 }
 
 impl Image {
+    /// Gives the image up: no metadata is written to its file from then on, and every
+    /// metadata-path request fails, so the file keeps what the last write-back wrote (every
+    /// acknowledged write). For a write into a new cluster whose data could not be written
+    /// after its mapping (`early_maps`), and for a panic of the metadata worker, after which
+    /// imago's state may be half changed.
+    pub fn give_up(&self) {
+        if let Some(order) = &self.write_order {
+            order.early.set_broken();
+        }
+    }
+
+    /// Whether the image was given up ([`give_up`](Self::give_up)).
+    pub fn given_up(&self) -> bool {
+        self.write_order.as_ref().is_some_and(|o| o.early.broken())
+    }
+
     /// The descriptor of the file of image `layer` (0: the top), for a ring entry.
     #[inline]
     pub fn layer_fd(&self, layer: u8) -> Option<std::os::fd::RawFd> {

@@ -44,6 +44,7 @@ use super::image::{
     compressed_in, resolve, write_kind, Image, Invalidation, WriteKind, INVALIDATIONS_KEPT,
 };
 use super::mapping::Target;
+use super::test_hooks;
 use super::uring_io;
 
 /// Clusters around a miss whose mappings a reply carries (a 32 MiB window at 64 KiB clusters):
@@ -79,7 +80,11 @@ pub enum Work {
     Zero { offset: u64, len: u64, unmap: bool },
 }
 
-/// One request on the metadata path.
+/// One request on the metadata path. A job dropped unanswered (its worker panicked with it,
+/// or went away with it queued) answers EIO as it goes, so that no request the worker took
+/// waits forever. The worker drops a job only once its I/O is over (an entry on the worker's
+/// ring waits for its completion when dropped, and a job outlives the entries it makes), so
+/// the guest's buffers are the guest's again when the answer reaches it.
 pub struct Job {
     /// What to do.
     pub work: Work,
@@ -87,6 +92,40 @@ pub struct Job {
     pub token: u64,
     /// Where the answer goes.
     pub replies: Arc<Replies>,
+    /// Answered (or handed back to the sender, who answers it): nothing to say when dropped.
+    answered: bool,
+}
+
+impl Job {
+    /// A job for `work`, answered on `replies` with `token`.
+    pub fn new(work: Work, token: u64, replies: Arc<Replies>) -> Job {
+        Job {
+            work,
+            token,
+            replies,
+            answered: false,
+        }
+    }
+
+    /// Queues the answer; the thread hears of it at the queue's next signal.
+    fn answer(&mut self, result: i32, hints: Vec<Hint>, epoch: u64) {
+        self.replies.push(Reply {
+            token: self.token,
+            result,
+            hints,
+            epoch,
+        });
+        self.answered = true;
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.answer(-libc::EIO, Vec::new(), 0);
+            self.replies.signal();
+        }
+    }
 }
 
 /// Where a run of guest clusters is.
@@ -154,6 +193,13 @@ impl ToSignal {
     }
 }
 
+impl Drop for ToSignal {
+    /// A panic of the worker must not leave answers unheard.
+    fn drop(&mut self) {
+        self.signal_all();
+    }
+}
+
 /// The queue of an image's metadata worker, as the I/O threads hold it.
 #[derive(Clone)]
 pub struct Jobs {
@@ -162,10 +208,19 @@ pub struct Jobs {
     wake: Arc<OwnedFd>,
 }
 
+/// The image's metadata worker is gone: the export is shutting down, or the worker panicked
+/// and the image was given up.
+#[derive(Debug)]
+pub struct WorkerGone;
+
 impl Jobs {
-    /// Hands `job` to the worker; gives it back if the worker is gone.
-    pub fn send(&self, job: Job) -> Result<(), Job> {
-        self.tx.send(job).map_err(|e| e.0)?;
+    /// Hands `job` to the worker; if the worker is gone, the caller answers the job itself.
+    pub fn send(&self, job: Job) -> Result<(), WorkerGone> {
+        self.tx.send(job).map_err(|e| {
+            let mut job = e.0;
+            job.answered = true;
+            WorkerGone
+        })?;
         let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
         Ok(())
     }
@@ -180,10 +235,40 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
     let image = image.clone();
     let worker_wake = wake.clone();
+    let worker = name.to_string();
     std::thread::Builder::new()
         .name(name.to_string())
-        .spawn(move || serve(&image, &rx, ring, worker_wake))?;
+        .spawn(move || {
+            // A panic (a bug of imago's or ours that an image or a request reached) ends the
+            // worker and this image's metadata path, never the daemon: `serve` gives the
+            // image up as it unwinds, every job it held answers EIO as it is dropped, and
+            // the jobs still queued do as `rx` goes.
+            let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                serve(&image, &rx, ring, worker_wake)
+            }));
+            if served.is_err() {
+                tracing::error!(
+                    worker,
+                    "qcow2 metadata worker panicked: the image is given up (its file keeps \
+                     what the last write-back wrote, every acknowledged write); its requests \
+                     that need the metadata fail; export_del and export_add serve it again"
+                );
+            }
+        })?;
     Ok(Jobs { tx, wake })
+}
+
+/// Gives the image up if dropped by a panic. Declared after everything else in [`serve`], it
+/// is dropped first of what `serve` holds as a panic unwinds, before the jobs it holds answer
+/// EIO (the job that panicked has already answered, as the unwinding left it).
+struct GiveUpOnPanic<'a>(&'a Image);
+
+impl Drop for GiveUpOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.give_up();
+        }
+    }
 }
 
 /// How long a finished job that needs a commit may wait for the jobs still at work to join
@@ -227,6 +312,7 @@ fn serve(image: &Arc<Image>, jobs: &Receiver<Job>, ring: io_uring::IoUring, wake
     let mut outcomes = Vec::new();
     let mut commits = GroupCommit::default();
     let mut to_signal = ToSignal::default();
+    let _give_up = GiveUpOnPanic(image);
     loop {
         if tasks.live() == 0 {
             // Idle: the first job blocking.
@@ -390,12 +476,8 @@ fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
         Some(Unpersisting::Zeroing) => image.unpersisted.remove_zeroing(),
         None => {}
     }
-    job.replies.push(Reply {
-        token: job.token,
-        result,
-        hints,
-        epoch,
-    });
+    let mut job = job;
+    job.answer(result, hints, epoch);
 }
 
 fn errno(e: &io::Error) -> i32 {
@@ -457,8 +539,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             return failed(io::Error::from_raw_os_error(libc::EINVAL));
         }
     }
-    if image.write_order.as_ref().is_some_and(|o| o.early.broken()) {
-        // A mapping may point at a cluster without its data (`early_maps`).
+    if image.given_up() {
         return failed(io::Error::from_raw_os_error(libc::EIO));
     }
     match work {
@@ -497,6 +578,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 .cow_locks
                 .lock_range(*offset, len as u64, image.cluster_bits)
                 .await;
+            test_hooks::before_write(*offset);
             // A write into clusters allocated in place (a thread's cache miss, not an
             // allocation) changes no mapping, unless something else changed them meanwhile
             // (which bumps the epoch).
@@ -772,11 +854,7 @@ mod tests {
             event: eventfd(0, EventfdFlags::CLOEXEC).unwrap(),
         });
         Performed {
-            job: Job {
-                work: Work::Flush,
-                token: 1,
-                replies,
-            },
+            job: Job::new(Work::Flush, 1, replies),
             done: Done {
                 persist: Persist::WriteBack,
                 ..Done::default()
@@ -784,6 +862,45 @@ mod tests {
             hints: Vec::new(),
             epoch: 0,
         }
+    }
+
+    /// A job the worker drops unanswered (a panic unwound through it, or it was queued when
+    /// the worker went) answers EIO and wakes its thread; one answered, or handed back by a
+    /// dead worker's queue (its sender answers it), says nothing more.
+    #[test]
+    fn a_job_dropped_unanswered_answers_eio_and_no_job_answers_twice() {
+        // (The job `performed` made is dropped here, unanswered: its answer is not looked at.)
+        let replies = performed().job.replies.clone();
+        replies.done.lock().unwrap().clear();
+        let mut signals = [0u8; 8];
+        rustix::io::read(&replies.event, &mut signals).unwrap();
+        drop(Job::new(Work::Flush, 7, replies.clone()));
+        let mut answered = Job::new(Work::Flush, 8, replies.clone());
+        answered.answer(0, Vec::new(), 0);
+        drop(answered);
+        let (tx, rx) = std::sync::mpsc::channel();
+        drop(rx);
+        let gone = Jobs {
+            tx,
+            wake: Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap()),
+        };
+        assert!(gone
+            .send(Job::new(Work::Flush, 9, replies.clone()))
+            .is_err());
+        let said: Vec<(u64, i32)> = replies
+            .done
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| (r.token, r.result))
+            .collect();
+        assert_eq!(said, [(7, -libc::EIO), (8, 0)]);
+        rustix::io::read(&replies.event, &mut signals).unwrap();
+        assert_eq!(
+            u64::from_ne_bytes(signals),
+            1,
+            "the dropped job woke its thread"
+        );
     }
 
     #[test]

@@ -39,7 +39,7 @@ mod metadata;
 mod refcount_repair;
 mod storage;
 mod table_io;
-mod test_delay;
+mod test_hooks;
 mod unpersisted;
 mod uring_io;
 mod write_order;

@@ -21,6 +21,15 @@
 //! by the `qcow2_image` fuzz target, sent imago's allocator into a recursion that overflowed
 //! the worker's stack and ended the daemon at the guest's first write. So it is an error
 //! here, and the export's queues do not start (`qemu-img check -r all` mends the image).
+//!
+//! Why a covered header is what bounds that recursion (imago 0.2.6, `qcow2/allocation.rs`):
+//! for a range with no refcount block, the allocator looks for a cluster for one from its
+//! first free cluster up to the range's first cluster, and failing that places the block at
+//! that first cluster, counting itself. For range 0 that is offset 0, which the refcount
+//! table reads as "no block": the next allocation makes the block again, from inside its own
+//! search, without end. Any other block lands at a nonzero offset, and the first free cluster
+//! passes a range only once a block covers it (a free lowers it only to a cluster it has
+//! passed), so a search for a block meets ranges already covered, and nests once at most.
 
 use std::io;
 

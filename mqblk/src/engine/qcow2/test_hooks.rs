@@ -1,0 +1,68 @@
+//! What a test can make the metadata worker do that no image or guest makes it do on purpose
+//! (debug builds only: a release build ignores both variables).
+//!
+//! - **A delay** between a new cluster's mapping and its data write.
+//!   [`early_maps`](super::early_maps) keeps such a mapping out of the image file until the
+//!   data is written; the window lasts one data write, too short for a SIGKILL to land in it on
+//!   purpose. Set to N, the copy-on-write waits N ms there, on its worker's ring (other jobs and
+//!   group commits go on), so that `tests/qcow2.rs` can kill mqblk inside it and check what
+//!   reached the file.
+//! - **A panic** of the worker at a guest write: the stand-in for a bug of imago's or ours that
+//!   a crafted image or request reaches. Set to a byte offset, a metadata-path write starting
+//!   there panics the worker, so that `tests/qcow2.rs` can check what contains it
+//!   ([`metadata`](super::metadata): the image is given up, every request the worker held or
+//!   is sent fails, the daemon serves on).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::uring_io;
+
+/// The delay's variable, in milliseconds.
+pub const EARLY_DATA_DELAY_ENV: &str = "MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS";
+
+/// The panic's variable: a guest byte offset.
+pub const WORKER_PANIC_AT_ENV: &str = "MQBLK_TEST_ONLY_WORKER_PANIC_AT";
+
+/// Waits the delay, if one is set.
+pub async fn before_early_data() {
+    if let Some(d) = delay() {
+        uring_io::sleep(d).await;
+    }
+}
+
+/// Panics if the panic is set for a write at `offset`.
+pub fn before_write(offset: u64) {
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    let at = *AT.get_or_init(|| {
+        let at = debug_only(WORKER_PANIC_AT_ENV)?;
+        tracing::warn!(
+            "{WORKER_PANIC_AT_ENV}={at}: a metadata-path write at that offset panics the worker \
+             (a test's fault)"
+        );
+        Some(at)
+    });
+    if at == Some(offset) {
+        panic!("{WORKER_PANIC_AT_ENV}: a test's panic at a write at {offset}");
+    }
+}
+
+fn delay() -> Option<Duration> {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms = debug_only(EARLY_DATA_DELAY_ENV)?;
+        tracing::warn!(
+            "{EARLY_DATA_DELAY_ENV}={ms}: each new cluster's data is written {ms} ms after its \
+             mapping (a test's delay)"
+        );
+        Some(Duration::from_millis(ms))
+    })
+}
+
+/// The number in `var`, in a debug build.
+fn debug_only(var: &str) -> Option<u64> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    std::env::var(var).ok()?.parse().ok()
+}
