@@ -1024,17 +1024,21 @@ fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
 }
 
 /// A panic of an image's metadata worker (a bug of imago's or ours that a crafted image or
-/// request reaches; here a debug build's test hook, `MQBLK_TEST_ONLY_WORKER_PANIC_AT`) ends
-/// that image's metadata path and nothing else. Two allocating writes are in flight on the
-/// worker when it panics: one inside the test delay between its early mapping and its data
-/// (`MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS`), and the one that panics. Both get IOERR, and so do
-/// a later allocating write and a flush (the image was given up); the daemon lives on, its
-/// other export serves, it shuts down in time, and the image file keeps every acknowledged
+/// request reaches; here a debug build's test hook, `MQBLK_TEST_ONLY_WORKER_PANIC_AT`) fails
+/// that export alone, as an I/O thread's panic does. Two allocating writes are in flight on
+/// the worker when it panics: one inside the test delay between its early mapping and its data
+/// (`MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS`), and the one that panics. Both get IOERR; the export
+/// reports the failure and drops its frontend; the daemon and its other export go on; removed
+/// and added again, the export serves the image from its file, which holds every acknowledged
 /// write and no mapping without its data (`qemu-img check`: no corruption). Before, the worker
 /// died with its jobs: both requests and every later one on the metadata path stayed
-/// unanswered.
+/// unanswered, nothing reported it, and the shutdown wrote the early mapping to the file
+/// without its data.
 #[test]
-fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() {
+fn a_panic_of_the_metadata_worker_fails_its_export_only_and_the_image_keeps_what_was_acknowledged()
+{
+    use serde_json::{json, Value};
+    use support::api::Api;
     use support::frontend::*;
     if !cfg!(debug_assertions) {
         support::skip::skip_unless_allowed(
@@ -1046,10 +1050,13 @@ fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() 
     let dir = TestDir::new();
     let base = base_image(&dir, "raw");
     let overlay = dir.join("overlay.qcow2");
-    let (sock, other_sock) = (dir.join("s.sock"), dir.join("o.sock"));
+    let (sock, other_sock, api_sock) =
+        (dir.join("s.sock"), dir.join("o.sock"), dir.join("api.sock"));
     let (before, delayed, panics, after) = (CLUSTER, 3 * CLUSTER, 9 * CLUSTER, 12 * CLUSTER);
     let mut cmd = std::process::Command::new(mqblk_bin());
     cmd.arg("serve")
+        .arg("--api-socket")
+        .arg(&api_sock)
         .arg("--export")
         .arg(
             overlay_export(&sock, &overlay, &base, "raw")
@@ -1064,6 +1071,16 @@ fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() 
         (panics + 4096).to_string(),
     );
     let mut daemon = Daemon::spawn(&dir, cmd, &[&sock, &other_sock]);
+    let mut api = Api::connect(&api_sock);
+    let failure = |api: &mut Api, id: &str| -> Value {
+        let list = api.ok("export_list", json!({}));
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["id"] == id)
+            .unwrap()["failure"]
+            .clone()
+    };
     let mut s = Session::open_features(&sock, 16, None, F_BLK_FLUSH);
     // Request `head` (descriptors head..head + 2): a 4 KiB write at `offset`, its header and
     // status at their own places.
@@ -1105,32 +1122,27 @@ fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() 
     answered.sort_unstable();
     assert_eq!(answered, [3, 6]);
     assert_eq!((status(&mut s, 3), status(&mut s, 6)), (S_IOERR, S_IOERR));
-    // The image was given up: a new allocation and a flush fail too, at once.
-    post(&mut s, 9, after + 4096, 0x44);
-    assert!(matches!(s.wait_used(0, ANSWER_TIMEOUT), Answer::Used(9, _)));
-    assert_eq!(status(&mut s, 9), S_IOERR);
-    s.guest.write(HDR_GPA + 0xc00, &header(T_FLUSH, 0));
-    s.write_descs(
-        0,
-        12,
-        &[
-            d(HDR_GPA + 0xc00, 16, VRING_F_NEXT, 13),
-            d(STATUS_GPA + 0xc00, 1, VRING_F_WRITE, 12),
-        ],
+    // Reported, and the frontend dropped and turned away, as for an I/O thread's panic.
+    assert!(
+        s.conn.closed_by_peer(Duration::from_secs(10)),
+        "the frontend of a failed export stayed connected"
     );
-    s.post_raw(0, 12, 0);
-    assert!(matches!(
-        s.wait_used(0, ANSWER_TIMEOUT),
-        Answer::Used(12, _)
-    ));
-    assert_eq!(
-        status(&mut s, 12),
-        S_IOERR,
-        "a flush after the image was given up"
+    let why = failure(&mut api, "s");
+    let why = why
+        .as_str()
+        .unwrap_or_else(|| panic!("export s not failed: {why}"));
+    assert!(
+        why.contains("qcow2-s") && why.contains("panicked") && why.contains("given up"),
+        "{why}"
+    );
+    assert_eq!(failure(&mut api, "o"), Value::Null);
+    assert!(
+        Session::negotiate(&sock).is_err(),
+        "a failed export accepted a frontend"
     );
     let log = daemon.log();
     assert!(
-        log.contains("a test's panic") && log.contains("the image is given up"),
+        log.contains("a test's panic") && log.contains("the qcow2 image is given up"),
         "{log}"
     );
     assert!(daemon.has_exited().is_none(), "the daemon died: {log}");
@@ -1138,23 +1150,40 @@ fn a_panic_of_the_metadata_worker_fails_its_requests_and_the_daemon_serves_on() 
     other.write(0, 0, &[1; 4096]).unwrap();
     other.read_vec(0, 0, 4096).unwrap();
     drop((s, other));
-    daemon.stop();
-    // What reached the file: the acknowledged write, and no mapping without its data.
-    let back = read_through_qemu(&overlay, &dir.join("back.raw"));
+    // Removed and added again, it serves the image as its file holds it.
+    api.ok("export_del", json!({"id": "s"}));
+    api.ok(
+        "export_add",
+        json!({"socket": sock, "path": overlay, "format": "qcow2", "queues": 1}),
+    );
+    assert_eq!(failure(&mut api, "s"), Value::Null);
     let base_bytes = std::fs::read(&base).unwrap();
-    let mut expected = base_bytes[before as usize..(before + CLUSTER) as usize].to_vec();
-    expected[4096..8192].fill(0x11);
+    let cluster_of = |bytes: &[u8], c: u64| bytes[c as usize..(c + CLUSTER) as usize].to_vec();
+    let mut acknowledged = cluster_of(&base_bytes, before);
+    acknowledged[4096..8192].fill(0x11);
+    let mut c = Client::connect(&sock, 1).unwrap();
     assert!(
-        back[before as usize..(before + CLUSTER) as usize] == expected[..],
+        c.read_vec(0, before, CLUSTER as usize).unwrap() == acknowledged,
         "the acknowledged write"
     );
-    for c in [delayed, panics, after] {
-        let at = c as usize..(c + CLUSTER) as usize;
+    assert!(c.read_vec(0, delayed, CLUSTER as usize).unwrap() == cluster_of(&base_bytes, delayed));
+    c.write(0, after + 4096, &[0x44; 4096]).unwrap();
+    c.flush(0).unwrap();
+    drop(c);
+    daemon.stop();
+    // What reached the file: the acknowledged writes, and no mapping without its data.
+    let back = read_through_qemu(&overlay, &dir.join("back.raw"));
+    assert!(
+        cluster_of(&back, before) == acknowledged,
+        "the acknowledged write"
+    );
+    for c in [delayed, panics] {
         assert!(
-            back[at.clone()] == base_bytes[at],
+            cluster_of(&back, c) == cluster_of(&base_bytes, c),
             "cluster at {c} is not the base's"
         );
     }
+    assert!(back[(after + 4096) as usize..(after + 8192) as usize] == [0x44; 4096]);
     assert_checks_clean(&overlay, true);
 }
 

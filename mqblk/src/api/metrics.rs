@@ -283,7 +283,7 @@ impl Collector for Snapshot {
         gauge(
             enc,
             "mqblk_export_failed",
-            "1 when an I/O thread of the export died (a panic, or a failed io_uring): the export serves nothing until it is removed and added again.",
+            "1 when an I/O thread of the export died (a panic, or a failed io_uring), or its engine failed (a qcow2 image given up): the export serves nothing until it is removed and added again.",
             exports
                 .iter()
                 .map(|e| (export(e), u64::from(e.failure.is_some()))),

@@ -94,6 +94,11 @@ pub enum Started {
     Done(i32),
 }
 
+/// Where an engine reports a failure it contained outside the I/O threads (a qcow2 image
+/// given up), as `(who, why)`: the export then shows it failed and disconnects its frontend,
+/// as for an I/O thread that died.
+pub type FailureReport = std::sync::Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 /// An export's storage, shared by its I/O threads.
 pub trait Engine: Send + Sync {
     /// Short name for logs and reports.
@@ -142,6 +147,11 @@ pub trait Engine: Send + Sync {
     /// What the storage can take in one operation, and which operations it has at all.
     fn limits(&self) -> Limits {
         Limits::default()
+    }
+    /// Where to report the failures it contains on its own (see [`FailureReport`]); engines
+    /// that have none ignore it.
+    fn report_failures_to(&self, report: FailureReport) {
+        let _ = report;
     }
 }
 

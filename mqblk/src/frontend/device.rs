@@ -65,6 +65,8 @@ impl Device {
         let short_name: String = cfg.id.chars().take(6).collect();
         let nthreads = cfg.num_threads();
         let failure = Arc::new(Failure::new()?);
+        let reported = failure.clone();
+        engine.report_failures_to(Arc::new(move |who, why| reported.record(who, why)));
         let mut threads = Vec::with_capacity(nthreads);
         for t in 0..nthreads {
             let nq = (0..cfg.queues as usize)
@@ -105,7 +107,7 @@ impl Device {
         device_features(self.cfg.readonly, storage.discard, storage.write_zeroes)
     }
 
-    /// Whether (and why) an I/O thread of the device died.
+    /// Whether (and why) an I/O thread of the device died, or its engine failed.
     pub fn failure(&self) -> &Failure {
         &self.failure
     }

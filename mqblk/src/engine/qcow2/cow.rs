@@ -120,14 +120,10 @@ async fn write_cluster<'a>(
         written = storage.writev(whole(), at).await;
     }
     if let Err(e) = &written {
-        order.early.set_broken();
-        tracing::error!(
-            err = %e,
-            offset = at,
-            "qcow2: a new cluster's data could not be written after its mapping: every \
-             further metadata write and metadata-path request of this image fails; the file \
-             keeps what the last write-back wrote (every acknowledged write)"
-        );
+        // A mapping now points at a cluster without its data (`early_maps`).
+        image.give_up(&format!(
+            "a new cluster's data (at {at}) could not be written after its mapping: {e}"
+        ));
     }
     drop(early);
     written

@@ -23,9 +23,10 @@
 //! and kills mqblk inside it.)
 //!
 //! If the data write fails after its mapping was committed, the mapping points at a cluster
-//! without the data, and nothing may write it to the file: the image is marked broken, every
-//! metadata write and metadata-path request fails from then on, and the file keeps what the
-//! last group commit wrote (every acknowledged write). Serving it again starts from there.
+//! without the data, and nothing may write it to the file: the image is given up
+//! ([`Image::give_up`](super::image::Image::give_up)), every metadata write and metadata-path
+//! request fails from then on, and the file keeps what the last group commit wrote (every
+//! acknowledged write). Serving it again starts from there.
 
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,8 +37,8 @@ use std::task::{Poll, Waker};
 #[derive(Debug, Default)]
 pub struct EarlyMaps {
     state: Mutex<State>,
-    /// A data write into a cluster mapped ahead of it failed (read by every metadata write
-    /// and metadata-path request: no lock).
+    /// The image was given up: no metadata may be written (read by every metadata write: no
+    /// lock).
     broken: AtomicBool,
 }
 
@@ -98,7 +99,8 @@ impl EarlyMaps {
         .await;
     }
 
-    /// A data write into a cluster mapped ahead of it failed: nothing may write the mapping.
+    /// The image was given up (a data write into a cluster mapped ahead of it failed, or the
+    /// worker panicked): nothing may write a mapping.
     pub fn set_broken(&self) {
         self.broken.store(true, Ordering::Release);
     }

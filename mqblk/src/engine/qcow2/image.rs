@@ -10,8 +10,8 @@ use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::executor::block_on;
 use imago::file::File as ImagoFile;
@@ -23,7 +23,7 @@ use imago::{
 };
 
 use crate::config::qcow2::{BackingFormat, Qcow2Config};
-use crate::engine::OpenError;
+use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
@@ -94,6 +94,10 @@ pub struct Image {
     pub write_order: Option<Arc<WriteOrder>>,
     /// The top file's tables, for mending outside imago (`None` when read-only).
     pub tables: Option<TableIo>,
+    /// Set once the image is given up ([`Image::give_up`]).
+    given_up: AtomicBool,
+    /// Where a give-up is reported: the export's, shared by every image its engine opens.
+    pub failure_report: Arc<OnceLock<FailureReport>>,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OpenError {
@@ -107,15 +111,32 @@ impl Image {
     /// acknowledged write). For a write into a new cluster whose data could not be written
     /// after its mapping (`early_maps`), and for a panic of the metadata worker, after which
     /// imago's state may be half changed.
-    pub fn give_up(&self) {
+    /// The first give-up is logged, with `why`, and reported to the export, which then shows
+    /// it failed and disconnects its frontend (`export_del` and `export_add` serve the image
+    /// again, from what its file holds).
+    pub fn give_up(&self, why: &str) {
         if let Some(order) = &self.write_order {
             order.early.set_broken();
+        }
+        if self.given_up.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let current = std::thread::current();
+        let who = current.name().unwrap_or("qcow2");
+        tracing::error!(
+            who,
+            "{why}: the qcow2 image is given up: no metadata is written to its file from now \
+             on (it keeps what the last write-back wrote, every acknowledged write), and its \
+             requests that need the metadata fail; export_del and export_add serve it again"
+        );
+        if let Some(report) = self.failure_report.get() {
+            report(who, &format!("{why}: the qcow2 image is given up"));
         }
     }
 
     /// Whether the image was given up ([`give_up`](Self::give_up)).
     pub fn given_up(&self) -> bool {
-        self.write_order.as_ref().is_some_and(|o| o.early.broken())
+        self.given_up.load(Ordering::Acquire)
     }
 
     /// The descriptor of the file of image `layer` (0: the top), for a ring entry.
@@ -377,6 +398,8 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
         writes_durable: AtomicU64::new(0),
         write_order,
         tables,
+        given_up: AtomicBool::new(false),
+        failure_report: Arc::default(),
     })
 }
 

@@ -247,12 +247,7 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
                 serve(&image, &rx, ring, worker_wake)
             }));
             if served.is_err() {
-                tracing::error!(
-                    worker,
-                    "qcow2 metadata worker panicked: the image is given up (its file keeps \
-                     what the last write-back wrote, every acknowledged write); its requests \
-                     that need the metadata fail; export_del and export_add serve it again"
-                );
+                tracing::error!(worker, "qcow2 metadata worker ended by a panic");
             }
         })?;
     Ok(Jobs { tx, wake })
@@ -266,7 +261,7 @@ struct GiveUpOnPanic<'a>(&'a Image);
 impl Drop for GiveUpOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.give_up();
+            self.0.give_up("the metadata worker panicked");
         }
     }
 }

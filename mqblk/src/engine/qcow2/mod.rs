@@ -47,14 +47,16 @@ mod write_order;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::executor::block_on;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::config::qcow2::{BackingFormat, Qcow2Config};
 use crate::config::ExportConfig;
-use crate::engine::{self, Channel, Engine, Limits, OpenError, ResizeError, SnapshotError};
+use crate::engine::{
+    self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
+};
 pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
 use image::Image;
@@ -89,6 +91,8 @@ pub struct Qcow2Engine {
     direct: bool,
     /// Names the metadata worker's thread.
     worker_name: String,
+    /// Where its images report being given up (set by the export).
+    failure_report: Arc<OnceLock<FailureReport>>,
 }
 
 /// Opens (or creates, with `size=` or `backing=`) the qcow2 image of `cfg`.
@@ -110,6 +114,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         image::check_backing(path, &cfg.qcow2)?;
     }
     let image = image::open(path, cfg.readonly, cfg.direct)?;
+    let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
         return Err(OpenError::SizeMismatch {
@@ -149,6 +154,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         writable: !cfg.readonly,
         direct: cfg.direct,
         worker_name,
+        failure_report,
     })
 }
 
@@ -194,7 +200,8 @@ impl Qcow2Engine {
             l2_cache_size: self.l2_cache_size,
         };
         image::create(overlay, Some(old.access.size()), &cfg)?;
-        let opened = image::open(overlay, false, self.direct).and_then(|new| {
+        let opened = image::open(overlay, false, self.direct).and_then(|mut new| {
+            new.failure_report = self.failure_report.clone();
             let new = Arc::new(new);
             let jobs = start_worker(&new, &self.worker_name, overlay)?;
             Ok((new, jobs))
@@ -323,6 +330,10 @@ impl Engine for Qcow2Engine {
 
     fn ring_opcodes(&self) -> &'static [u8] {
         engine::uring::RW_OPCODES
+    }
+
+    fn report_failures_to(&self, report: FailureReport) {
+        let _ = self.failure_report.set(report);
     }
 
     fn limits(&self) -> Limits {
