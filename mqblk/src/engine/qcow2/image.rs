@@ -111,6 +111,7 @@ impl Image {
     /// acknowledged write). For a write into a new cluster whose data could not be written
     /// after its mapping (`early_maps`), and for a panic of the metadata worker, after which
     /// imago's state may be half changed.
+    ///
     /// The first give-up is logged, with `why`, and reported to the export, which then shows
     /// it failed and disconnects its frontend (`export_del` and `export_add` serve the image
     /// again, from what its file holds).

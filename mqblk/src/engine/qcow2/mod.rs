@@ -237,9 +237,10 @@ fn write_back_all(image: &Image) -> io::Result<()> {
 impl Drop for Qcow2Engine {
     /// The export is gone (its I/O threads drained and joined): what imago still holds of
     /// the metadata is written back, so that a clean shutdown leaves nothing to a flush the
-    /// guest did not send.
+    /// guest did not send. A given-up image writes nothing more (what imago holds may be
+    /// half changed).
     fn drop(&mut self) {
-        if !self.writable {
+        if !self.writable || self.image().given_up() {
             return;
         }
         if let Err(e) = write_back_all(&self.image()) {
