@@ -27,8 +27,14 @@ use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
 
-/// How far ahead of its writes the top image file is grown (see `RingFile::grow_for`).
+/// The most the top image file is grown ahead of its writes at a time (see
+/// `RingFile::grow_for`).
 const GROWTH: u64 = 16 << 20;
+
+/// The least: a small file grows by its own size (to the next power of two), at least this,
+/// so that an image that stays small does not take [`GROWTH`] of its filesystem (on a tmpfs,
+/// zeroed memory) for writes it never makes.
+const MIN_GROWTH: u64 = 1 << 20;
 
 /// An open image file (a layer of the chain).
 #[derive(Debug)]
@@ -41,7 +47,8 @@ pub struct RingFile {
     discard_align: usize,
     /// The file's length as this process made it: writes and zeroing past the end grow it.
     size: AtomicU64,
-    /// Writes past the end grow the file first, by [`GROWTH`] at a time (see `grow_for`).
+    /// Writes past the end grow the file first, by up to [`GROWTH`] at a time (see
+    /// `grow_for`).
     prealloc: bool,
     /// Which writes may stay plain (the top image's; without it every write but guest data is
     /// written through).
@@ -121,15 +128,17 @@ impl RingFile {
     /// file, and a direct write that extends a file is one the filesystem serialises (ext4
     /// takes the inode's lock exclusively and completes it synchronously, so io_uring hands it
     /// to a worker thread). Grown by fallocate ahead of the writes, the file takes them as
-    /// writes into its own (unwritten) blocks, side by side. Where the filesystem has no room
-    /// for the step, only up to `end`; where it has none for that, the error (`ENOSPC`) is
-    /// the write's, before anything is written.
+    /// writes into its own (unwritten) blocks, side by side: to the next multiple of the
+    /// file's size (a power of two, from [`MIN_GROWTH`] to [`GROWTH`]) past `end`. Where the
+    /// filesystem has no room for the step, only up to `end`; where it has none for that, the
+    /// error (`ENOSPC`) is the write's, before anything is written.
     pub fn grow_for(&self, end: u64) -> io::Result<()> {
         let size = self.size.load(Ordering::Acquire);
         if !self.prealloc || end <= size {
             return Ok(());
         }
-        let step = end.next_multiple_of(GROWTH);
+        let ahead = size.next_power_of_two().clamp(MIN_GROWTH, GROWTH);
+        let step = end.next_multiple_of(ahead);
         let grown = match self.fallocate(0, size, step - size) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && step > end => {
                 self.fallocate(0, size, end - size).map(|()| end)
@@ -436,15 +445,19 @@ mod tests {
         let data = vec![7u8; 4096];
         // SAFETY: the buffer outlives the call (blocking here: no ring on this thread).
         block_on(unsafe { f.pure_writev(IoVector::from(&data), 8192) }).unwrap();
-        assert_eq!((len(), f.size().unwrap()), (GROWTH, GROWTH));
+        assert_eq!((len(), f.size().unwrap()), (MIN_GROWTH, MIN_GROWTH));
         // Zeroes inside the file keep its length.
         // SAFETY: a pure write of zeroes, aligned.
         block_on(unsafe { f.pure_write_zeroes(0, 4096) }).unwrap();
-        assert_eq!(len(), GROWTH);
-        // A write just past the grown end grows it by another step.
-        // SAFETY: as above.
-        block_on(unsafe { f.pure_writev(IoVector::from(&data), GROWTH) }).unwrap();
-        assert_eq!(len(), 2 * GROWTH);
+        assert_eq!(len(), MIN_GROWTH);
+        // A write just past the grown end grows it by the file's size, up to GROWTH at a time.
+        let mut expected = MIN_GROWTH;
+        while expected < 3 * GROWTH {
+            // SAFETY: as above.
+            block_on(unsafe { f.pure_writev(IoVector::from(&data), len()) }).unwrap();
+            expected += expected.min(GROWTH);
+            assert_eq!(len(), expected);
+        }
         let bytes = std::fs::read(&path).unwrap();
         assert!(bytes[8192..12288].iter().all(|&b| b == 7));
         assert!(bytes[..8192].iter().all(|&b| b == 0));
