@@ -1372,11 +1372,53 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
     assert_checks_clean(&img, false);
 }
 
+/// An image whose refcounts count its first 2 GiB of clusters in use (leaked clusters: valid
+/// qcow2, which QEMU opens) has its first free cluster 2 GiB into a file of a few hundred KiB.
+/// The guest's first write lands there. The file grows to reach it, but only the new cluster's
+/// neighbourhood takes room: the gap stays a hole, as it does under QEMU. Before, the file was
+/// grown with `fallocate` from its old end, so the 2 GiB gap took 2 GiB of the filesystem (on a
+/// tmpfs, of memory). An uploaded image could ask for more than the filesystem holds, and fill
+/// it for every other image on it.
+#[test]
+fn a_first_free_cluster_far_past_the_end_takes_no_room_up_to_it() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = TestDir::new();
+    let img = dir.join("leaky.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, "4G"]);
+    // The first refcount block (16-bit refcounts, 32768 of them: 2 GiB of 64 KiB clusters),
+    // every entry 1.
+    let reftable = be64_at(&img, 48);
+    let refblock = be64_at(&img, reftable);
+    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&[0, 1].repeat(32768), refblock).unwrap();
+    drop(f);
+    let (mut d, mut c) = serve_one_queue(&dir, &img, Some(false));
+    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    c.flush(0).unwrap();
+    assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![0x5a; 4096]);
+    drop(c);
+    d.stop();
+    let meta = std::fs::metadata(&img).unwrap();
+    assert!(
+        meta.len() > 2 << 30,
+        "the new cluster lies 2 GiB in: {}",
+        meta.len()
+    );
+    let taken = meta.blocks() * 512;
+    assert!(
+        taken < 64 << 20,
+        "the image file takes {taken} bytes of its filesystem"
+    );
+    qemu_io_ok(&img, "read -P 0x5a 0 4k");
+}
+
 /// A full filesystem fails only the writes that need a new cluster (IOERR), before their
 /// mapping is made (a cluster is mapped ahead of its data, so its room is taken first): the
 /// export goes on serving reads, writes into allocated clusters and flushes, and the image
-/// checks clean with every acknowledged write in it. (The image file grows 16 MiB ahead of its
-/// allocations where it can, and by what a write needs where it cannot.)
+/// checks clean with every acknowledged write in it. (The image file grows ahead of its
+/// allocations, by its own size from 1 to 16 MiB, where it can, and by what a write needs where
+/// it cannot.)
 #[test]
 fn a_full_filesystem_fails_only_the_writes_into_new_clusters() {
     let dir = TestDir::new();

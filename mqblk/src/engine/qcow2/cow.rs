@@ -106,7 +106,7 @@ async fn write_cluster<'a>(
     }
     // Room for the cluster first: a full filesystem fails this request alone, before its
     // mapping exists (dropped, imago frees the cluster), not a write after it.
-    storage.grow_for(at + size)?;
+    storage.grow_for(at, at + size)?;
     let Some(early) = order.begin_early() else {
         // An L2 table write waits for the early ones: data first, as imago does.
         storage.writev(whole(), at).await?;

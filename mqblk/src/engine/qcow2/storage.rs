@@ -124,24 +124,31 @@ impl RingFile {
         Ok(())
     }
 
-    /// Makes the file reach `end` before a write there: new clusters go at the end of the
-    /// file, and a direct write that extends a file is one the filesystem serialises (ext4
-    /// takes the inode's lock exclusively and completes it synchronously, so io_uring hands it
-    /// to a worker thread). Grown by fallocate ahead of the writes, the file takes them as
-    /// writes into its own (unwritten) blocks, side by side: to the next multiple of the
-    /// file's size (a power of two, from [`MIN_GROWTH`] to [`GROWTH`]) past `end`. Where the
-    /// filesystem has no room for the step, only up to `end`; where it has none for that, the
-    /// error (`ENOSPC`) is the write's, before anything is written.
-    pub fn grow_for(&self, end: u64) -> io::Result<()> {
+    /// Makes the file reach `end` before a write of `offset..end`: new clusters go at the end
+    /// of the file, and a direct write that extends a file is one the filesystem serialises
+    /// (ext4 takes the inode's lock exclusively and completes it synchronously, so io_uring
+    /// hands it to a worker thread). Grown by fallocate ahead of the writes, the file takes
+    /// them as writes into its own (unwritten) blocks, side by side: to the next multiple of
+    /// the file's size (a power of two, from [`MIN_GROWTH`] to [`GROWTH`]) past `end`. Where
+    /// the filesystem has no room for the step, only up to `end`; where it has none for that,
+    /// the error (`ENOSPC`) is the write's, before anything is written.
+    ///
+    /// The room is taken from the write on, not from the file's end: a gap between them stays
+    /// a hole, as a write alone would leave it. Such a gap is no allocation of mqblk's (new
+    /// clusters follow the last one used), but an image's refcounts may place its first free
+    /// cluster anywhere, terabytes past its end, and what is taken here is taken from every
+    /// other file on the filesystem.
+    pub fn grow_for(&self, offset: u64, end: u64) -> io::Result<()> {
         let size = self.size.load(Ordering::Acquire);
         if !self.prealloc || end <= size {
             return Ok(());
         }
         let ahead = size.next_power_of_two().clamp(MIN_GROWTH, GROWTH);
         let step = end.next_multiple_of(ahead);
-        let grown = match self.fallocate(0, size, step - size) {
+        let from = offset.clamp(size, end);
+        let grown = match self.fallocate(0, from, step - from) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && step > end => {
-                self.fallocate(0, size, end - size).map(|()| end)
+                self.fallocate(0, from, end - from).map(|()| end)
             }
             other => other.map(|()| step),
         };
@@ -335,7 +342,7 @@ impl Storage for RingFile {
     }
 
     async unsafe fn pure_writev(&self, mut bufv: IoVector<'_>, mut offset: u64) -> io::Result<()> {
-        self.grow_for(offset + bufv.len())?;
+        self.grow_for(offset, offset + bufv.len())?;
         while !bufv.is_empty() {
             // SAFETY: as for the read.
             let n = self
