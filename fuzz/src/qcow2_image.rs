@@ -6,6 +6,10 @@
 //! drives one, which reach the image's tables through imago on the metadata worker. An image is the operator's input, and in a cloud often a tenant's upload: a
 //! malformed one must be refused with an error, never panic or exhaust the daemon.
 //!
+//! What the image file takes of its filesystem is bounded too: a few writes must not make it
+//! take more than [`MOST_TAKEN`] (an image's refcounts can put its first free cluster far past
+//! its end, and the room up to it was once taken, from a filesystem other images share).
+//!
 //! The image is a file of the harness's own (`/dev/shm/mqblk-fuzz-qcow2-PID.img`), rewritten
 //! for each input. The header's backing file name is cut off (its offset and length zeroed) so that no input
 //! makes the harness open a file of the host; the backing chain's checks have tests of their
@@ -15,6 +19,11 @@ use mqblk::engine::{Channel, Engine, Op, Started};
 
 /// Bytes of the header that name the backing file (offset and length).
 const BACKING_NAME: std::ops::Range<usize> = 8..20;
+
+/// The most the image file may take of its filesystem after the requests of [`serve`]: an L1
+/// table grown to its largest (32 MiB), a refcount table grown to its largest (8 MiB), the
+/// file grown ahead (up to 16 MiB) and a few clusters, with room to spare.
+const MOST_TAKEN: u64 = 128 << 20;
 
 /// Opens `data` as a qcow2 image, read-only and then writable; refreshes the writable one.
 pub fn run(data: &[u8]) {
@@ -44,6 +53,13 @@ pub fn run(data: &[u8]) {
             }
         }
     }
+    use std::os::unix::fs::MetadataExt;
+    let taken = std::fs::metadata(&path).map_or(0, |m| m.blocks() * 512);
+    assert!(
+        taken <= MOST_TAKEN,
+        "a {}-byte image took {taken} bytes of its filesystem",
+        data.len()
+    );
 }
 
 /// A few requests, as a guest would make them, through a channel of `engine`: reads at the
