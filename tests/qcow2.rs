@@ -936,6 +936,20 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
     assert_checks_clean(&img, false);
 }
 
+/// Whether the daemon under test has its test hooks (`MQBLK_TEST_ONLY_*`, debug builds only);
+/// in a release build the calling test fails, unless `MQBLK_TEST_ALLOW_RELEASE_BUILD` says
+/// that skipping it is expected.
+fn has_test_hooks() -> bool {
+    if cfg!(debug_assertions) {
+        return true;
+    }
+    support::skip::skip_unless_allowed(
+        "MQBLK_TEST_ALLOW_RELEASE_BUILD",
+        "the daemon's test hooks (MQBLK_TEST_ONLY_*) are in debug builds only",
+    );
+    false
+}
+
 /// A new cluster is mapped in imago's cache before its data is written (`early_maps.rs`), and
 /// no L2 table may reach the image file while such a data write is under way: otherwise a
 /// crash leaves the file mapping the cluster to a place without its data, and the base's bytes
@@ -949,11 +963,7 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
 #[test]
 fn an_l2_table_holding_a_cluster_mapped_ahead_of_its_data_waits_for_the_data() {
     use support::frontend::*;
-    if !cfg!(debug_assertions) {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_RELEASE_BUILD",
-            "the test delay (MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS) is in debug builds only",
-        );
+    if !has_test_hooks() {
         return;
     }
     let dir = TestDir::new();
@@ -1040,11 +1050,7 @@ fn a_panic_of_the_metadata_worker_fails_its_export_only_and_the_image_keeps_what
     use serde_json::{json, Value};
     use support::api::Api;
     use support::frontend::*;
-    if !cfg!(debug_assertions) {
-        support::skip::skip_unless_allowed(
-            "MQBLK_TEST_ALLOW_RELEASE_BUILD",
-            "the test hooks (MQBLK_TEST_ONLY_*) are in debug builds only",
-        );
+    if !has_test_hooks() {
         return;
     }
     let dir = TestDir::new();
@@ -1145,11 +1151,8 @@ fn a_panic_of_the_metadata_worker_fails_its_export_only_and_the_image_keeps_what
         log.contains("a test's panic") && log.contains("the qcow2 image is given up"),
         "{log}"
     );
-    assert!(daemon.has_exited().is_none(), "the daemon died: {log}");
-    let mut other = Client::connect(&other_sock, 1).unwrap();
-    other.write(0, 0, &[1; 4096]).unwrap();
-    other.read_vec(0, 0, 4096).unwrap();
-    drop((s, other));
+    assert_the_daemon_serves_on(&mut daemon, &other_sock);
+    drop(s);
     // Removed and added again, it serves the image as its file holds it.
     api.ok("export_del", json!({"id": "s"}));
     api.ok(
@@ -1261,12 +1264,17 @@ fn serve_an_uncounted_image(dir: &TestDir, img: &Path) {
         log.contains(&name) && log.contains("qemu-img check -r all"),
         "{log}"
     );
-    assert!(d.has_exited().is_none(), "the daemon died: {log}");
-    let mut other = Client::connect(&other_sock, 1).unwrap();
+    assert_the_daemon_serves_on(&mut d, &other_sock);
+    drop(c);
+    d.stop();
+}
+
+/// The daemon still runs, and its other export (at `other_sock`) takes a write and a read.
+fn assert_the_daemon_serves_on(d: &mut Daemon, other_sock: &Path) {
+    assert!(d.has_exited().is_none(), "the daemon died: {}", d.log());
+    let mut other = Client::connect(other_sock, 1).unwrap();
     other.write(0, 0, &[1; 4096]).unwrap();
     other.read_vec(0, 0, 4096).unwrap();
-    drop((c, other));
-    d.stop();
 }
 
 /// A crash between imago's write of a new L2 table's L1 entry and the write-back of the
