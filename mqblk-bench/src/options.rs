@@ -121,6 +121,9 @@ pub struct BenchArgs {
     /// DIR/scripts/rpc.py). Default: $MQBLK_SPDK_DIR.
     #[arg(long, value_name = "DIR")]
     pub spdk_dir: Option<PathBuf>,
+    /// The CPU SPDK's one reactor runs on (and busy-polls).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub spdk_cpu: usize,
     /// fio binary (for --backend native).
     #[arg(long, default_value = "fio", value_name = "BIN")]
     pub fio_bin: PathBuf,
@@ -290,6 +293,8 @@ pub struct BenchOptions {
     pub qsd_bin: PathBuf,
     /// SPDK's build (with --backend spdk).
     pub spdk: Option<SpdkBuild>,
+    /// The CPU SPDK's reactor runs on.
+    pub spdk_cpu: usize,
     /// fio binary.
     pub fio_bin: PathBuf,
     /// mqblk binary.
@@ -417,9 +422,24 @@ impl BenchOptions {
                 .spdk_dir
                 .clone()
                 .or_else(|| std::env::var_os(SPDK_DIR_ENV).map(PathBuf::from));
+            // The machine's CPUs, not the bench's affinity: the client may be kept off the
+            // reactor's CPU with taskset.
+            // SAFETY: sysconf takes an integer and reads nothing of ours.
+            let cpus = usize::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
+                .unwrap_or(1)
+                .max(1);
+            if a.spdk_cpu >= cpus {
+                return Err(format!(
+                    "--spdk-cpu {}: this machine's CPUs are 0 to {}",
+                    a.spdk_cpu,
+                    cpus - 1
+                ));
+            }
             Some(SpdkBuild::find(dir.as_deref())?)
         } else if a.spdk_dir.is_some() {
             return Err("--spdk-dir without --backend spdk".into());
+        } else if a.spdk_cpu != 0 {
+            return Err("--spdk-cpu without --backend spdk".into());
         } else {
             None
         };
@@ -516,6 +536,7 @@ impl BenchOptions {
             qsd_iothread: a.qsd_iothread,
             qsd_bin: a.qsd_bin.clone(),
             spdk,
+            spdk_cpu: a.spdk_cpu,
             fio_bin: a.fio_bin.clone(),
             mqblk_bin,
         })
@@ -659,5 +680,15 @@ mod tests {
         assert!(e.contains("MiB"), "{e}");
         let e = test_options(&format!("--spdk-dir {d}")).unwrap_err();
         assert!(e.contains("without --backend spdk"), "{e}");
+        let e = test_options("--spdk-cpu 1").unwrap_err();
+        assert!(e.contains("--spdk-cpu without --backend spdk"), "{e}");
+        let e =
+            test_options(&format!("--backend spdk --spdk-dir {d} --spdk-cpu 4096")).unwrap_err();
+        assert!(
+            e.contains("--spdk-cpu 4096: this machine's CPUs are 0 to"),
+            "{e}"
+        );
+        let o = test_options(&format!("--backend spdk --spdk-dir {d} --spdk-cpu 0")).unwrap();
+        assert_eq!(o.spdk_cpu, 0);
     }
 }

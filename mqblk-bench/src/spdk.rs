@@ -6,9 +6,9 @@
 //! `rpc.py`, and making the target ready for SIGTERM. `run/` starts the process and makes the
 //! setup calls.
 //!
-//! The target runs without hugepages or vfio (`--no-huge -u`), on one reactor pinned to CPU 0
-//! (`-m 0x1`) that busy-polls: its CPU time from /proc is a whole core for the length of a
-//! point whatever the load, which the report shows as it is.
+//! The target runs without hugepages or vfio (`--no-huge -u`), on one reactor pinned to one CPU
+//! (`--spdk-cpu`, default 0: `-m 0x1`) that busy-polls: its CPU time from /proc is a whole core
+//! for the length of a point whatever the load, which the report shows as it is.
 //!
 //! Stopping: SPDK v26.05 stops a disconnected frontend's session on its reactor while DPDK's
 //! vhost thread waits, and a SIGTERM in that window left the target hung ("Timeout waiting
@@ -81,11 +81,12 @@ impl SpdkBuild {
     /// the core lock files SPDK otherwise keeps in /var/tmp: they make a second target (another
     /// test, another bench) fail to start on CPU 0 ("Cannot create lock on core 0, probably
     /// process N has claimed it") and outlive a target that is killed.
-    pub fn vhost_argv(&self, sock_dir: &Path, rpc_sock: &Path) -> Vec<OsString> {
+    pub fn vhost_argv(&self, sock_dir: &Path, rpc_sock: &Path, cpu: usize) -> Vec<OsString> {
         let mem = MEMORY_MIB.to_string();
+        let mask = cpu_mask(cpu);
         let flags = [
             "-m",
-            "0x1",
+            &mask,
             "--no-huge",
             "-s",
             &mem,
@@ -185,12 +186,13 @@ pub fn session_count(answer: &str) -> Result<usize, String> {
 /// the target's socket directory joined with `ctrlr`): a null bdev of `size` bytes (a whole
 /// number of MiB, which `bdev_null_create` takes) for the null engine, an aio bdev on `image`
 /// (O_DIRECT, as the other backends open it) for the uring engine; then the controller, on the
-/// target's one reactor.
+/// target's one reactor, on CPU `cpu`.
 pub fn rpc_calls(
     engine: EngineKind,
     size: u64,
     image: Option<&Path>,
     ctrlr: &str,
+    cpu: usize,
 ) -> Vec<Vec<String>> {
     let bdev = match (engine, image) {
         (EngineKind::Uring, Some(img)) => vec![
@@ -209,11 +211,16 @@ pub fn rpc_calls(
     let controller = vec![
         "vhost_create_blk_controller".into(),
         "--cpumask".into(),
-        "0x1".into(),
+        cpu_mask(cpu),
         ctrlr.into(),
         BDEV.into(),
     ];
     vec![bdev, controller]
+}
+
+/// SPDK's mask of the one CPU `cpu`.
+fn cpu_mask(cpu: usize) -> String {
+    format!("{:#x}", 1u128 << cpu)
 }
 
 /// A directory laid out as an SPDK build (empty `bin/vhost` and `scripts/rpc.py`): enough for
@@ -244,7 +251,7 @@ mod tests {
             rpc_py: "/spdk/scripts/rpc.py".into(),
         };
         assert_eq!(
-            strings(&b.vhost_argv(Path::new("/run/b"), Path::new("/run/b/s1.rpc"))),
+            strings(&b.vhost_argv(Path::new("/run/b"), Path::new("/run/b/s1.rpc"), 0)),
             [
                 "/spdk/bin/vhost",
                 "-m",
@@ -260,7 +267,7 @@ mod tests {
                 "/run/b/s1.rpc"
             ]
         );
-        let call = rpc_calls(EngineKind::Null, 1 << 30, None, "s1.sock");
+        let call = rpc_calls(EngineKind::Null, 1 << 30, None, "s1.sock", 0);
         assert_eq!(
             call,
             [
@@ -292,12 +299,26 @@ mod tests {
             1 << 30,
             Some(Path::new("/img/disk.img")),
             "s2.sock",
+            0,
         );
         assert_eq!(
             call[0],
             ["bdev_aio_create", "/img/disk.img", "bench0", "512"]
         );
         assert_eq!(call[1][3], "s2.sock");
+    }
+
+    /// `--spdk-cpu N` puts the reactor, and the controller on it, on CPU N alone.
+    #[test]
+    fn the_reactor_runs_on_the_cpu_asked_for() {
+        let b = SpdkBuild {
+            vhost: "/spdk/bin/vhost".into(),
+            rpc_py: "/spdk/scripts/rpc.py".into(),
+        };
+        let argv = strings(&b.vhost_argv(Path::new("/run/b"), Path::new("/r.rpc"), 1));
+        assert_eq!(argv[1..3], ["-m", "0x2"]);
+        let call = rpc_calls(EngineKind::Null, 1 << 30, None, "s1.sock", 5);
+        assert_eq!(call[1][1..3], ["--cpumask", "0x20"]);
     }
 
     #[test]

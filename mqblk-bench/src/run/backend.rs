@@ -211,7 +211,9 @@ impl RunEnv<'_> {
         let dir = sock
             .parent()
             .expect("sockets are made in the run's directory");
-        let argv = self.spdk_build().vhost_argv(dir, rpc_sock);
+        let argv = self
+            .spdk_build()
+            .vhost_argv(dir, rpc_sock, self.opts.spdk_cpu);
         let mut cmd = Command::new(&argv[0]);
         // In the run's temporary directory, so that a crash's core file is not left in the
         // user's.
@@ -235,7 +237,13 @@ impl RunEnv<'_> {
             .and_then(|n| n.to_str())
             .expect("the run names its sockets in ASCII");
         let image = self.image.as_deref();
-        for call in rpc_calls(self.opts.engine, self.size, image, ctrlr) {
+        for call in rpc_calls(
+            self.opts.engine,
+            self.size,
+            image,
+            ctrlr,
+            self.opts.spdk_cpu,
+        ) {
             let argv = self.spdk_build().rpc_argv(rpc_sock, &call);
             writeln!(&*log, "{argv:?}")?;
             let status = Command::new(&argv[0])
