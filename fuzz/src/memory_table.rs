@@ -133,8 +133,7 @@ fn memfd(spec: &FileSpec) -> File {
         MemfdFlags::CLOEXEC
     };
     let f = File::from(rustix::fs::memfd_create(c"fuzz-guest", flags).expect("memfd_create"));
-    f.set_len(u64::from(spec.pages % 17) * PAGE)
-        .expect("sizing a memfd");
+    f.set_len(u64::from(spec.pages % 17) * PAGE).expect("sizing a memfd");
     if spec.sealable && spec.pre_sealed {
         rustix::fs::fcntl_add_seals(&f, SealFlags::SHRINK).expect("F_SEAL_SHRINK");
     }
@@ -163,11 +162,7 @@ fn check_accepted(r: &VhostUserMemoryRegion, file: &File) {
     let len = file.metadata().expect("fstat").len();
     let (size, offset) = (r.memory_size, r.mmap_offset);
     assert!(size > 0, "a region of size 0 was mapped");
-    assert_eq!(
-        offset % PAGE,
-        0,
-        "a region at an unaligned offset was mapped"
-    );
+    assert_eq!(offset % PAGE, 0, "a region at an unaligned offset was mapped");
     assert!(
         offset.checked_add(size).is_some_and(|end| end <= len),
         "a region past the end of its {len}-byte file was mapped: {size} bytes at {offset}"
@@ -211,7 +206,10 @@ pub fn run_memory_table(input: &TableInput) {
             }
             Action::Add(spec) => {
                 let (r, i) = region(spec, &files);
-                if table.add(&r, files[i].try_clone().expect("dup")).is_ok() {
+                if table
+                    .add(&r, files[i].try_clone().expect("dup"))
+                    .is_ok()
+                {
                     check_accepted(&r, &files[i]);
                     used[i] = true;
                     mapped.push(Mapped {
@@ -234,10 +232,7 @@ pub fn run_memory_table(input: &TableInput) {
                 let r = VhostUserMemoryRegion::new(g, s, 0, 0);
                 let had = mapped.iter().any(|m| m.gpa == g && m.size == s);
                 if table.remove(&r).is_ok() {
-                    assert!(
-                        had,
-                        "a region that was not mapped was removed: {g:#x}+{s:#x}"
-                    );
+                    assert!(had, "a region that was not mapped was removed: {g:#x}+{s:#x}");
                     mapped.retain(|m| !(m.gpa == g && m.size == s));
                 } else {
                     assert!(!had, "a mapped region could not be removed: {g:#x}+{s:#x}");
@@ -260,9 +255,7 @@ pub fn run_memory_table(input: &TableInput) {
                 let len = u64::from(*len) % (3 * PAGE);
                 let inside = mapped.iter().any(|m| {
                     gpa >= m.gpa
-                        && gpa
-                            .checked_add(len)
-                            .is_some_and(|end| end <= m.gpa + m.size)
+                        && gpa.checked_add(len).is_some_and(|end| end <= m.gpa + m.size)
                 });
                 let mut buf = vec![0x5au8; len as usize];
                 let r = if *write {
@@ -287,11 +280,7 @@ pub fn run_memory_table(input: &TableInput) {
                     .iter()
                     .find(|m| addr >= m.user && addr - m.user < m.size)
                     .map(|m| m.gpa + (addr - m.user));
-                assert_eq!(
-                    table.frontend_to_guest(addr).ok(),
-                    want,
-                    "address {addr:#x}"
-                );
+                assert_eq!(table.frontend_to_guest(addr).ok(), want, "address {addr:#x}");
             }
         }
     }
