@@ -314,6 +314,32 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
     let e = serve(&unknown);
     assert!(e.contains("unknown incompatible feature bit 40"), "{e}");
 
+    // An L1 table that cannot map the whole disk (its size field, at 36, set to 0), which QEMU
+    // refuses to open too.
+    let small_l1 = make("small-l1.qcow2");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&small_l1)
+            .unwrap();
+        f.write_all_at(&0u32.to_be_bytes(), 36).unwrap();
+    }
+    let e = serve(&small_l1);
+    assert!(
+        e.contains(&small_l1)
+            && e.contains("L1 table entries 0, where a disk of 16777216 bytes needs 1"),
+        "{e}"
+    );
+    let qemu = std::process::Command::new("qemu-io")
+        .args(["-c", "read 0 4k", &small_l1])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&qemu.stderr).contains("L1 table is too small"),
+        "{qemu:?}"
+    );
+
     // -u: qemu-img records the backing file without opening it.
     let orphan = p("orphan.qcow2");
     qemu_img_ok(&[

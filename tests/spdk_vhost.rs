@@ -94,7 +94,7 @@ impl Target {
         let rpc_sock = tmp.path().join("rpc.sock");
         let sock = tmp.path().join(CTRLR);
         let log = tmp.path().join("vhost.log");
-        let argv = build.vhost_argv(tmp.path(), &rpc_sock);
+        let argv = build.vhost_argv(tmp.path(), &rpc_sock, 0);
         // In the temporary directory: a crash's core file goes there, not into the checkout.
         let mut vhost = Proc::spawn_logged(
             "SPDK vhost".into(),
@@ -107,7 +107,7 @@ impl Target {
         vhost
             .wait_for_socket(&rpc_sock, Duration::from_secs(30), || true)
             .unwrap_or_else(|e| panic!("{e}"));
-        for call in rpc_calls(EngineKind::Uring, IMAGE_SIZE, Some(&image), CTRLR) {
+        for call in rpc_calls(EngineKind::Uring, IMAGE_SIZE, Some(&image), CTRLR, 0) {
             build
                 .rpc(&rpc_sock, &call)
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -139,6 +139,16 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
             MAX_L1_BYTES / 8
         )));
     }
+    // An L1 table too small to map the whole disk is one QEMU refuses to open ("L1 table is too
+    // small"); imago would grow it, up to 32 MiB, at the guest's first write past its end.
+    let size = be64(head, 24);
+    let needed = size.div_ceil(1 << (2 * cluster_bits - 3));
+    if needed > u64::from(l1_entries) {
+        return Err(bad(format!(
+            "L1 table entries {l1_entries}, where a disk of {size} bytes needs {needed} \
+             (QEMU refuses it too: \"L1 table is too small\")"
+        )));
+    }
     let (reftable_offset, reftable_clusters) = (be64(head, 48), be32(head, 56));
     if !fits(
         reftable_offset,
@@ -186,7 +196,7 @@ pub fn parse(path: &Path, head: &[u8]) -> Result<Header, Qcow2Error> {
     Ok(Header {
         version,
         cluster_bits,
-        size: be64(head, 24),
+        size,
         backing,
         backing_format: backing_format_ext(head, ext_start),
         l1_offset,
@@ -357,6 +367,8 @@ mod tests {
         h[4..8].copy_from_slice(&3u32.to_be_bytes());
         h[20..24].copy_from_slice(&16u32.to_be_bytes());
         h[24..32].copy_from_slice(&size.to_be_bytes());
+        // An L1 table that maps the whole disk (each entry 512 MiB at 64 KiB clusters).
+        h[36..40].copy_from_slice(&(size.div_ceil(512 << 20) as u32).to_be_bytes());
         h[72..80].copy_from_slice(&incompat.to_be_bytes());
         h[96..100].copy_from_slice(&4u32.to_be_bytes());
         h[100..104].copy_from_slice(&104u32.to_be_bytes());
@@ -392,7 +404,7 @@ mod tests {
                 backing: Some("b.raw".into()),
                 backing_format: Some("raw".into()),
                 l1_offset: 0,
-                l1_entries: 0,
+                l1_entries: 2,
                 snapshots: 0,
                 reftable_offset: 0,
                 reftable_clusters: 0,
@@ -401,6 +413,24 @@ mod tests {
         );
         let h = parse(Path::new("a.qcow2"), &v3(4096, 0, None)).unwrap();
         assert_eq!((h.backing, h.backing_format), (None, None));
+    }
+
+    /// QEMU's rule: the L1 table maps the whole disk.
+    #[test]
+    fn an_l1_table_too_small_for_the_disk_is_refused() {
+        let p = Path::new("a.qcow2");
+        let mut h = v3(1 << 30, 0, None);
+        h[36..40].copy_from_slice(&1u32.to_be_bytes());
+        let e = parse(p, &h).unwrap_err().to_string();
+        assert!(
+            e.contains("L1 table entries 1, where a disk of 1073741824 bytes needs 2"),
+            "{e}"
+        );
+        // Just enough, and more than enough, are fine.
+        for entries in [2u32, 3] {
+            h[36..40].copy_from_slice(&entries.to_be_bytes());
+            assert!(parse(p, &h).is_ok());
+        }
     }
 
     #[test]
