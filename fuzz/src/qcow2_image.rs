@@ -144,8 +144,18 @@ fn perform(channel: &mut dyn Channel, ring: &mut io_uring::IoUring, op: &Op) -> 
         Started::Ring(entry) => {
             // SAFETY: as above; the entry is waited for before returning.
             unsafe { ring.submission().push(&entry) }.expect("a free entry");
-            ring.submit_and_wait(1).expect("io_uring_enter");
-            ring.completion().next().expect("a completion").result()
+            // A signal (libFuzzer's timeout alarm) can end the wait early: io_uring_enter then
+            // returns what it submitted, with no completion yet.
+            loop {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                    Err(e) => panic!("io_uring_enter: {e}"),
+                }
+                if let Some(c) = ring.completion().next() {
+                    break c.result();
+                }
+            }
         }
         Started::WideRing(_) => panic!("a qcow2 channel built an NVMe command"),
         Started::Pending => {
