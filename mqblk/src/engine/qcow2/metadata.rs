@@ -449,7 +449,7 @@ async fn commit(image: Arc<Image>, batch: Vec<Performed>) -> Outcome {
 /// Completes a performed job: its reply, with `persisted`'s error if it failed.
 fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
     let Performed {
-        job,
+        mut job,
         done,
         mut hints,
         epoch,
@@ -471,7 +471,6 @@ fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
         Some(Unpersisting::Zeroing) => image.unpersisted.remove_zeroing(),
         None => {}
     }
-    let mut job = job;
     job.answer(result, hints, epoch);
 }
 
