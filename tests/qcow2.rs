@@ -280,11 +280,7 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
         p(name)
     };
     // Sets incompatible feature bits (header offset 72, big-endian u64).
-    let set_incompatible = |path: &str, bits: u64| {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-        f.write_all_at(&bits.to_be_bytes(), 72).unwrap();
-    };
+    let set_incompatible = |path: &str, bits: u64| write_at(path, 72, &bits.to_be_bytes());
     let sock = p("s.sock");
     let serve = |image: &str| {
         serve_fails(
@@ -317,14 +313,7 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
     // An L1 table that cannot map the whole disk (its size field, at 36, set to 0), which QEMU
     // refuses to open too.
     let small_l1 = make("small-l1.qcow2");
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&small_l1)
-            .unwrap();
-        f.write_all_at(&0u32.to_be_bytes(), 36).unwrap();
-    }
+    write_at(&small_l1, 36, &0u32.to_be_bytes());
     let e = serve(&small_l1);
     assert!(
         e.contains(&small_l1)
@@ -904,6 +893,17 @@ fn first_tables(img: &Path) -> (u64, u64) {
     (l2, refblock)
 }
 
+/// Overwrites `bytes` at `offset` of `path` (an image patched by hand).
+fn write_at(path: impl AsRef<Path>, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(bytes, offset)
+        .unwrap();
+}
+
 /// The big-endian u64 at `offset` of `path`, as the page cache holds it.
 fn be64_at(path: &Path, offset: u64) -> u64 {
     use std::os::unix::fs::FileExt;
@@ -1226,7 +1226,6 @@ fn a_panic_of_the_metadata_worker_fails_its_export_only_and_the_image_keeps_what
 /// other export serves.
 #[test]
 fn an_image_whose_metadata_no_refcount_block_covers_does_not_start_and_the_daemon_serves_on() {
-    use std::os::unix::fs::FileExt;
     let dir = TestDir::new();
     let emptied = dir.join("emptied.qcow2");
     let name = emptied.display().to_string();
@@ -1241,13 +1240,7 @@ fn an_image_whose_metadata_no_refcount_block_covers_does_not_start_and_the_daemo
         "1M",
     ]);
     qemu_io_ok(&emptied, "write -P 0x5a 0 4k");
-    let reftable = be64_at(&emptied, 48);
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&emptied)
-        .unwrap();
-    f.write_all_at(&[0; 8], reftable).unwrap();
-    drop(f);
+    write_at(&emptied, be64_at(&emptied, 48), &[0; 8]);
     let found = dir.join("found.qcow2");
     let seed = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -1318,13 +1311,8 @@ fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allo
     qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
     qemu_io_ok(&img, "write -P 0x5a 0 4k");
     let (l2, refblock) = first_tables(&img);
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
-        // 16-bit refcounts: entry `cluster` of the first refcount block.
-        f.write_all_at(&[0, 0], refblock + 2 * (l2 / CLUSTER))
-            .unwrap();
-    }
+    // 16-bit refcounts: entry `cluster` of the first refcount block.
+    write_at(&img, refblock + 2 * (l2 / CLUSTER), &[0, 0]);
     let (code, text) = support::qemu_img::qemu_img(&["check", &name]).unwrap();
     assert_eq!(code, 2, "the damage must be there first: {text}");
 
@@ -1415,7 +1403,7 @@ fn once_a_zeroing_frees_a_cluster_refcounts_are_written_after_a_sync() {
 /// it for every other image on it.
 #[test]
 fn a_first_free_cluster_far_past_the_end_takes_no_room_up_to_it() {
-    use std::os::unix::fs::{FileExt, MetadataExt};
+    use std::os::unix::fs::MetadataExt;
     let dir = TestDir::new();
     let img = dir.join("leaky.qcow2");
     let name = img.display().to_string();
@@ -1424,9 +1412,7 @@ fn a_first_free_cluster_far_past_the_end_takes_no_room_up_to_it() {
     // every entry 1.
     let reftable = be64_at(&img, 48);
     let refblock = be64_at(&img, reftable);
-    let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
-    f.write_all_at(&[0, 1].repeat(32768), refblock).unwrap();
-    drop(f);
+    write_at(&img, refblock, &[0, 1].repeat(32768));
     let (mut d, mut c) = serve_one_queue(&dir, &img, Some(false));
     c.write(0, 0, &[0x5a; 4096]).unwrap();
     c.flush(0).unwrap();
