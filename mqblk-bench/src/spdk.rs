@@ -218,9 +218,10 @@ pub fn rpc_calls(
     vec![bdev, controller]
 }
 
-/// SPDK's mask of the one CPU `cpu`.
+/// SPDK's mask of the one CPU `cpu`, in hex: as long as the CPU number needs, so that no
+/// integer width bounds it.
 fn cpu_mask(cpu: usize) -> String {
-    format!("{:#x}", 1u128 << cpu)
+    format!("0x{}{}", 1 << (cpu % 4), "0".repeat(cpu / 4))
 }
 
 /// A directory laid out as an SPDK build (empty `bin/vhost` and `scripts/rpc.py`): enough for
@@ -319,6 +320,8 @@ mod tests {
         assert_eq!(argv[1..3], ["-m", "0x2"]);
         let call = rpc_calls(EngineKind::Null, 1 << 30, None, "s1.sock", 5);
         assert_eq!(call[1][1..3], ["--cpumask", "0x20"]);
+        assert_eq!(cpu_mask(0), "0x1");
+        assert_eq!(cpu_mask(131), format!("0x8{}", "0".repeat(32)));
     }
 
     #[test]
