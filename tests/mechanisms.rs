@@ -95,6 +95,29 @@ fn polling_finds_work_without_kicks_and_data_verifies() {
     let (r, off) = run_with("queues=1,poll=off", verify(1, 1, 8));
     assert!(r.clean() && r.verified_bytes > 0, "{r}");
     assert_eq!(off.poll_hits, 0, "{off:?}");
+    // Rate trials (polling against sleeping) are adaptive polling's: a thread told to poll,
+    // or not to, never runs one.
+    assert_eq!(on.poll_trials, 0, "{on:?}");
+    assert_eq!(off.poll_trials, 0, "{off:?}");
+}
+
+#[test]
+fn adaptive_polling_weighs_polling_against_sleeping_while_it_polls() {
+    // A 2 ms window: once the thread probes, its polls catch the client's next requests, so
+    // it polls on, and a rate trial starts 20 ms in and every 0.5 s after (whichever way the
+    // last went): 1.2 s of reads see two or three.
+    let mut w = Workload::new("unset");
+    w.iodepth = 8;
+    w.ops_per_job = Some(u64::MAX);
+    w.runtime = Some(Duration::from_millis(1200));
+    let (r, t) = serve_and_run("engine=null,queues=1,poll=adaptive,poll-max-us=2000", w);
+    assert!(r.clean() && r.ios > 0, "{r}");
+    assert!(t.poll_hits > 0, "the thread never polled: {t:?}");
+    assert!(
+        t.poll_trials >= 2,
+        "under two rate trials in 1.2 s of polling: {t:?}"
+    );
+    assert!(t.poll_trials_slept <= t.poll_trials, "{t:?}");
 }
 
 #[test]

@@ -389,6 +389,18 @@ impl Collector for Snapshot {
             "mqblk_thread_sleeps_total",
             help.sleeps,
             self.per_thread(|c| c.sleeps),
+        )?;
+        counter(
+            enc,
+            "mqblk_thread_poll_trials_total",
+            help.poll_trials,
+            self.per_thread(|c| c.poll_trials),
+        )?;
+        counter(
+            enc,
+            "mqblk_thread_poll_trials_slept_total",
+            help.poll_trials_slept,
+            self.per_thread(|c| c.poll_trials_slept),
         )
     }
 }
@@ -437,6 +449,8 @@ mod tests {
         a.counters.engine_in_flight_ns = 2_500_000_000;
         a.counters.dirty_pages = 7;
         a.per_thread[1].poll_hits = 9;
+        a.per_thread[0].poll_trials = 4;
+        a.per_thread[0].poll_trials_slept = 3;
         let b = status("b", 1);
         let text = encode(&[a, b]).unwrap();
 
@@ -533,6 +547,16 @@ mod tests {
         assert_eq!(polls.len(), 2 * 3, "hit and miss for each of 3 threads");
         assert!(polls.contains(&(r#"export="vm-1",thread="1",result="hit"}"#, "9")));
         assert_eq!(samples(&text, "mqblk_thread_submits_total").len(), 3);
+        let trials = samples(&text, "mqblk_thread_poll_trials_total");
+        assert!(
+            trials.contains(&(r#"export="vm-1",thread="0"}"#, "4")),
+            "{trials:?}"
+        );
+        let slept = samples(&text, "mqblk_thread_poll_trials_slept_total");
+        assert!(
+            slept.contains(&(r#"export="vm-1",thread="0"}"#, "3")),
+            "{slept:?}"
+        );
     }
 
     #[test]

@@ -165,6 +165,12 @@ counters! {
     poll_hits,
     /// Busy-poll windows that expired without work.
     poll_misses,
+    /// Rate trials of adaptive polling: a span polling, then one sleeping, to see whether
+    /// polling serves more (`io::policy::poll`).
+    poll_trials,
+    /// Of those, the ones in which sleeping served at least 95% of polling's rate, so the
+    /// thread slept until the next trial.
+    poll_trials_slept,
     /// Times the I/O thread slept in the kernel waiting for work.
     sleeps,
     /// Batch waits under heavy load.

@@ -183,6 +183,9 @@ impl IoThread {
     pub(super) fn run(&mut self) -> std::io::Result<()> {
         loop {
             self.tick();
+            if let Some(trial) = self.poll.observe(self.now_ns, self.counters.requests) {
+                self.on_poll_trial(trial);
+            }
             if self.early_notify.check_due(self.now_ns) {
                 self.early_notify
                     .on_epoch(self.now_ns, policy::notify::involuntary_switches());
@@ -235,6 +238,24 @@ impl IoThread {
         let now = self.epoch.elapsed().as_nanos() as u64;
         self.counters.engine_in_flight_ns += self.engine_in_flight * (now - self.now_ns);
         self.now_ns = now;
+    }
+
+    /// Counts a finished rate trial of adaptive polling, and says what it found (at most
+    /// one line per trial, every half second while the thread polls).
+    fn on_poll_trial(&mut self, trial: policy::poll::TrialOutcome) {
+        self.counters.poll_trials += 1;
+        let sleep = trial.choice == policy::poll::TrialChoice::Sleep;
+        self.counters.poll_trials_slept += u64::from(sleep);
+        tracing::debug!(
+            polled_per_s = trial.polled_per_s,
+            slept_per_s = trial.slept_per_s,
+            "poll trial: {}",
+            if sleep {
+                "sleeping serves as much"
+            } else {
+                "polling serves more"
+            }
+        );
     }
 
     /// Reads the wake eventfd through the ring: its completion means commands wait.
