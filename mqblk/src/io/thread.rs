@@ -244,13 +244,13 @@ impl IoThread {
     /// one line per trial, every half second while the thread polls).
     fn on_poll_trial(&mut self, trial: policy::poll::TrialOutcome) {
         self.counters.poll_trials += 1;
-        let sleep = trial.choice == policy::poll::TrialChoice::Sleep;
-        self.counters.poll_trials_slept += u64::from(sleep);
+        self.counters.poll_trials_slept += u64::from(trial.sleep_vote);
         tracing::debug!(
             polled_per_s = trial.polled_per_s,
             slept_per_s = trial.slept_per_s,
+            sleeps = trial.sleeps,
             "poll trial: {}",
-            if sleep {
+            if trial.sleep_vote {
                 "sleeping serves as much"
             } else {
                 "polling serves more"

@@ -22,17 +22,21 @@
 //!
 //! A hit says a request came while the thread polled, not that polling made it come sooner.
 //! Where a wake-up is cheap (bare metal, or a VM whose idle vCPUs halt-poll), a closed-loop
-//! client is served as fast by a thread that sleeps, and the polling is CPU spent for nothing:
-//! on this project's VM with `haltpoll.guest_halt_poll_ns=200000`, `poll=off` served one job
-//! at iodepth 32 at 0.99x the IOPS of adaptive polling for 0.67x its CPU per I/O, where with
-//! halt-polling off (as the VM is set up) it served 0.35x (docs/PERFORMANCE.md 12g). So while
-//! the thread polls, a *rate trial* every [`TRIAL_EVERY_NS`] measures what it serves in a
-//! span of [`TRIAL_SPAN_NS`] polling and then in one sleeping. If sleeping served at least
-//! [`SLEEP_KEEPS`] of polling's rate, the thread sleeps (window zero, hit-rate probes off) until
-//! the next trial, which then polls at the maximum window for its first span; otherwise it
-//! polls on at the window it had. The hit-rate rules stand still during a trial, and a sleep
-//! of [`IDLE_NS`] or more ends a trial and the choice to sleep. A trial costs one span in the
-//! worse mode per `TRIAL_EVERY_NS`: 1% of the time.
+//! client can be served as fast by a thread that sleeps, and the polling is CPU spent for
+//! nothing: on this project's VM with `haltpoll.guest_halt_poll_ns=200000`, `poll=off` served
+//! one job at iodepth 32 at 0.99x the IOPS of adaptive polling for 0.67x its CPU per I/O,
+//! where with halt-polling off (as the VM is set up) it served 0.35x (docs/PERFORMANCE.md
+//! 12g). So while the thread polls, a *rate trial* every [`TRIAL_EVERY_NS`] measures what it
+//! serves polling and then sleeping, each for [`TRIAL_SPAN_NS`] after a warm-up of
+//! [`TRIAL_WARMUP_NS`] that is not counted. If sleeping served at least [`SLEEP_KEEPS`] of
+//! polling's rate, that is a vote to sleep: two in a row (the second trial comes
+//! [`CONFIRM_AFTER_NS`] after the first) put the thread to sleep (window zero, hit-rate probes
+//! off) until the next trial, which polls its first span at the maximum window; one vote
+//! against wakes it to poll at the window it had. A wrongly chosen sleep costs more than a
+//! wrongly chosen poll, hence two votes to sleep and one to poll. The hit-rate rules stand
+//! still during a trial, and a sleep of [`IDLE_NS`] or more ends a trial, the votes and the
+//! choice to sleep. A trial spends 10 ms in the mode it is not in per `TRIAL_EVERY_NS`: 2% of
+//! the time.
 
 pub use crate::config::PollMode;
 
@@ -46,8 +50,15 @@ pub const IDLE_NS: u64 = 1_000_000;
 pub const PROBE_EVERY: u32 = 256;
 /// Time between the ends of one rate trial and the start of the next.
 pub const TRIAL_EVERY_NS: u64 = 500_000_000;
-/// Each of a trial's two spans (polling, then sleeping).
+/// Each of a trial's two spans (polling, then sleeping), counted after a warm-up.
 pub const TRIAL_SPAN_NS: u64 = 5_000_000;
+/// The start of each span that is not counted: a span counted from the switch between polling
+/// and sleeping on measures the switch. (Without it, on this project's VM, a thread that had
+/// slept since the trial before polled at 2.1M requests a second in the trial's first span,
+/// against 3.4M in the first trial of the run.)
+pub const TRIAL_WARMUP_NS: u64 = 5_000_000;
+/// A trial that found sleeping served as much is confirmed by another this soon after.
+pub const CONFIRM_AFTER_NS: u64 = 50_000_000;
 /// The first trial waits this long after the thread starts polling.
 pub const FIRST_TRIAL_AFTER_NS: u64 = 20_000_000;
 /// Sleeping is chosen when it serves at least this share of polling's rate, as a fraction
@@ -61,16 +72,45 @@ pub struct TrialOutcome {
     pub polled_per_s: u64,
     /// Requests a second served while sleeping.
     pub slept_per_s: u64,
-    pub choice: TrialChoice,
+    /// Sleeping served at least [`SLEEP_KEEPS`] of polling's rate: a vote to sleep.
+    pub sleep_vote: bool,
+    /// The thread sleeps until the next trial: this vote and the one before were to sleep
+    /// (or it slept already and this vote was to sleep).
+    pub sleeps: bool,
 }
 
-/// What a finished rate trial chose.
+/// One span of a trial: a warm-up not counted, then the span counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TrialChoice {
-    /// Polling served more than sleeping by over 5%: poll on.
-    Poll,
-    /// Sleeping served nearly as much: sleep until the next trial.
-    Sleep,
+struct Span {
+    start_ns: u64,
+    start_served: u64,
+    counting: bool,
+}
+
+impl Span {
+    fn new(now_ns: u64, served: u64) -> Self {
+        Span {
+            start_ns: now_ns,
+            start_served: served,
+            counting: false,
+        }
+    }
+
+    /// Advances the span; once its counted part is over, what it served and in how long.
+    fn advance(&mut self, now_ns: u64, served: u64) -> Option<(u64, u64)> {
+        let elapsed = now_ns - self.start_ns;
+        if !self.counting {
+            if elapsed >= TRIAL_WARMUP_NS {
+                *self = Span {
+                    start_ns: now_ns,
+                    start_served: served,
+                    counting: true,
+                };
+            }
+            return None;
+        }
+        (elapsed >= TRIAL_SPAN_NS).then(|| (served - self.start_served, elapsed))
+    }
 }
 
 /// Where the rate trial stands.
@@ -78,17 +118,11 @@ pub enum TrialChoice {
 enum Trial {
     /// None running; the next may start at `next_ns` (`None`: once the thread polls).
     Waiting { next_ns: Option<u64> },
-    /// Polling at `window_ns`, counting from `start_ns` and `start_served`.
-    Polled {
-        start_ns: u64,
-        start_served: u64,
-        window_ns: u64,
-    },
-    /// Sleeping, counting from `start_ns` and `start_served`; the polled span served
-    /// `polled_served` in `polled_ns`, at `window_ns`.
+    /// Polling at `window_ns`.
+    Polled { span: Span, window_ns: u64 },
+    /// Sleeping; the polled span served `polled_served` in `polled_ns`, at `window_ns`.
     Slept {
-        start_ns: u64,
-        start_served: u64,
+        span: Span,
         polled_served: u64,
         polled_ns: u64,
         window_ns: u64,
@@ -109,8 +143,10 @@ pub struct PollPolicy {
     /// The current epoch is a probe.
     probing: bool,
     trial: Trial,
-    /// The last trial chose to sleep: the window stays zero and hit-rate probes are off
-    /// until the next trial.
+    /// Trials in a row that found sleeping served as much.
+    sleep_votes: u8,
+    /// The thread sleeps by the trials' choice: the window stays zero and hit-rate probes are
+    /// off until the next trial.
     sleeping_chosen: bool,
 }
 
@@ -132,6 +168,7 @@ impl PollPolicy {
             zero_sleeps: 0,
             probing: false,
             trial: Trial::Waiting { next_ns: None },
+            sleep_votes: 0,
             sleeping_chosen: false,
         }
     }
@@ -165,92 +202,86 @@ impl PollPolicy {
     }
 
     /// Called once per loop iteration with the clock and the requests served so far: starts,
-    /// advances and ends rate trials. Returns what a trial that ended now chose.
+    /// advances and ends rate trials. Returns what a trial that ended now found.
     pub fn observe(&mut self, now_ns: u64, served: u64) -> Option<TrialOutcome> {
         if !self.adaptive() {
             return None;
         }
-        match self.trial {
+        match &mut self.trial {
             Trial::Waiting { next_ns } => {
                 if self.window_ns == 0 && !self.sleeping_chosen {
                     // Not polling: nothing to weigh until the hit-rate rules poll again.
                     return None;
                 }
-                match next_ns {
-                    None => {
-                        self.trial = Trial::Waiting {
-                            next_ns: Some(now_ns + FIRST_TRIAL_AFTER_NS),
-                        }
-                    }
+                match *next_ns {
+                    None => *next_ns = Some(now_ns + FIRST_TRIAL_AFTER_NS),
                     Some(next) if now_ns >= next => {
-                        let window_ns = if self.sleeping_chosen {
-                            self.max_ns
-                        } else {
-                            self.window_ns
-                        };
-                        self.window_ns = window_ns;
+                        if self.sleeping_chosen {
+                            self.window_ns = self.max_ns;
+                        }
                         self.trial = Trial::Polled {
-                            start_ns: now_ns,
-                            start_served: served,
-                            window_ns,
+                            span: Span::new(now_ns, served),
+                            window_ns: self.window_ns,
                         };
                     }
                     Some(_) => {}
                 }
                 None
             }
-            Trial::Polled {
-                start_ns,
-                start_served,
-                window_ns,
-            } => {
-                if now_ns - start_ns >= TRIAL_SPAN_NS {
-                    self.window_ns = 0;
-                    self.trial = Trial::Slept {
-                        start_ns: now_ns,
-                        start_served: served,
-                        polled_served: served - start_served,
-                        polled_ns: now_ns - start_ns,
-                        window_ns,
-                    };
-                }
+            Trial::Polled { span, window_ns } => {
+                let (polled_served, polled_ns) = span.advance(now_ns, served)?;
+                self.trial = Trial::Slept {
+                    span: Span::new(now_ns, served),
+                    polled_served,
+                    polled_ns,
+                    window_ns: *window_ns,
+                };
+                self.window_ns = 0;
                 None
             }
             Trial::Slept {
-                start_ns,
-                start_served,
+                span,
                 polled_served,
                 polled_ns,
                 window_ns,
             } => {
-                let slept_ns = now_ns - start_ns;
-                if slept_ns < TRIAL_SPAN_NS {
-                    return None;
-                }
-                let slept_served = served - start_served;
+                let (slept_served, slept_ns) = span.advance(now_ns, served)?;
+                let (polled_served, polled_ns, window_ns) =
+                    (*polled_served, *polled_ns, *window_ns);
                 // slept / slept_ns >= SLEEP_KEEPS * polled / polled_ns, without division.
                 let (num, den) = SLEEP_KEEPS;
                 let sleep = u128::from(slept_served) * u128::from(polled_ns) * u128::from(den)
                     >= u128::from(polled_served) * u128::from(slept_ns) * u128::from(num);
-                self.sleeping_chosen = sleep;
-                self.window_ns = if sleep { 0 } else { window_ns };
+                // A polling thread goes to sleep on the second vote in a row for it, and a
+                // sleeping one polls again on the first against it: a wrong vote to sleep costs
+                // more than a wrong vote to poll, and a span of a few milliseconds is noisy.
+                let sleeping = sleep && (self.sleeping_chosen || self.sleep_votes > 0);
+                self.sleep_votes = if sleep {
+                    self.sleep_votes.saturating_add(1)
+                } else {
+                    0
+                };
+                self.sleeping_chosen = sleeping;
+                self.window_ns = if sleeping { 0 } else { window_ns };
                 self.zero_sleeps = 0;
                 self.polls = 0;
                 self.hits = 0;
                 self.probing = false;
+                let wait = if sleep && !sleeping {
+                    CONFIRM_AFTER_NS
+                } else {
+                    TRIAL_EVERY_NS
+                };
                 self.trial = Trial::Waiting {
-                    next_ns: Some(now_ns + TRIAL_EVERY_NS),
+                    next_ns: Some(now_ns + wait),
                 };
                 let per_s =
                     |n: u64, ns: u64| (u128::from(n) * 1_000_000_000 / u128::from(ns)) as u64;
                 Some(TrialOutcome {
                     polled_per_s: per_s(polled_served, polled_ns),
                     slept_per_s: per_s(slept_served, slept_ns),
-                    choice: if sleep {
-                        TrialChoice::Sleep
-                    } else {
-                        TrialChoice::Poll
-                    },
+                    sleep_vote: sleep,
+                    sleeps: sleeping,
                 })
             }
         }
@@ -262,6 +293,7 @@ impl PollPolicy {
             self.trial = Trial::Waiting { next_ns: None };
         }
         self.sleeping_chosen = false;
+        self.sleep_votes = 0;
     }
 
     fn end_of_window(&mut self, hit: bool) {
@@ -452,8 +484,10 @@ mod tests {
         assert_eq!(polled, 4);
     }
     const MS: u64 = 1_000_000;
+    const W: u64 = TRIAL_WARMUP_NS;
+    const S: u64 = TRIAL_SPAN_NS;
 
-    /// A polling policy whose first trial has just started its polled span at `t`.
+    /// A polling policy whose first trial has just started (its polled span's warm-up) at `t`.
     fn polling_into_a_trial(t: u64) -> PollPolicy {
         let mut p = PollPolicy::new(PollMode::Adaptive, 32);
         start(&mut p);
@@ -464,33 +498,75 @@ mod tests {
         p
     }
 
+    /// Runs a trial that started at `t` with `served` so far: `polled` requests in the polled
+    /// span's counted part, `slept` in the sleeping span's, and `warm` in each warm-up (which
+    /// must not count). Checks the window in each span; returns the outcome and the end.
+    fn trial(
+        p: &mut PollPolicy,
+        t: u64,
+        served: u64,
+        warm: u64,
+        polled: u64,
+        slept: u64,
+    ) -> (Option<TrialOutcome>, u64) {
+        let window = p.window_ns();
+        assert!(window > 0, "a trial polls its first span");
+        assert_eq!(p.observe(t + W, served + warm), None);
+        assert_eq!(p.observe(t + W + S - 1, served + warm), None);
+        assert_eq!(p.window_ns(), window);
+        let served = served + warm + polled;
+        assert_eq!(p.observe(t + W + S, served), None);
+        assert_eq!(p.window_ns(), 0, "the second span sleeps");
+        assert_eq!(p.observe(t + 2 * W + S, served + warm), None);
+        assert_eq!(p.observe(t + 2 * W + 2 * S - 1, served + warm), None);
+        let end = t + 2 * W + 2 * S;
+        (p.observe(end, served + warm + slept), end)
+    }
+
     #[test]
-    fn a_trial_chooses_sleep_when_sleeping_serves_nearly_as_much_and_polls_again_for_the_next() {
+    fn two_trials_in_a_row_that_find_sleeping_serves_nearly_as_much_put_the_thread_to_sleep() {
         let t = 100 * MS;
         let mut p = polling_into_a_trial(t);
-        // Polled span: 5,000 requests in 5 ms; then the sleeping span.
-        assert_eq!(p.observe(t + TRIAL_SPAN_NS, 5_000), None);
-        assert_eq!(p.window_ns(), 0, "the second span sleeps");
-        // 4,800 in 5 ms: 96% of polling's rate.
+        // 5,000 requests in 5 ms polling, then 4,800 sleeping: 96% of polling's rate. The
+        // warm-ups' requests (a million each) are not counted.
+        let (outcome, end) = trial(&mut p, t, 0, 1_000_000, 5_000, 4_800);
         assert_eq!(
-            p.observe(t + 2 * TRIAL_SPAN_NS, 9_800),
+            outcome,
             Some(TrialOutcome {
                 polled_per_s: 1_000_000,
                 slept_per_s: 960_000,
-                choice: TrialChoice::Sleep
+                sleep_vote: true,
+                sleeps: false,
             })
+        );
+        // One vote polls on, and a second trial comes soon to confirm it.
+        assert_eq!(p.window_ns(), 32_000);
+        let next = end + CONFIRM_AFTER_NS;
+        assert_eq!(p.observe(next - 1, 3_000_000), None);
+        assert_eq!(p.observe(next, 3_000_000), None);
+        let (outcome, end) = trial(&mut p, next, 3_000_000, 0, 5_000, 5_000);
+        assert_eq!(
+            outcome.map(|o| (o.sleep_vote, o.sleeps)),
+            Some((true, true))
         );
         assert_eq!(p.window_ns(), 0);
         // Short sleeps bring no hit-rate probe while sleeping is the choice.
         for _ in 0..(4 * PROBE_EVERY) {
             p.on_sleep(1_000);
-            assert_eq!(p.window_ns(), 0, "a probe undid the trial's choice");
+            assert_eq!(p.window_ns(), 0, "a probe undid the trials' choice");
         }
-        let next = t + 2 * TRIAL_SPAN_NS + TRIAL_EVERY_NS;
-        assert_eq!(p.observe(next - 1, 50_000), None);
+        let next = end + TRIAL_EVERY_NS;
+        assert_eq!(p.observe(next - 1, 4_000_000), None);
         assert_eq!(p.window_ns(), 0);
-        // The next trial polls its first span at the maximum window.
-        assert_eq!(p.observe(next, 50_000), None);
+        // The next trial polls its first span at the maximum window; one vote against sleeping
+        // is enough to poll again.
+        assert_eq!(p.observe(next, 4_000_000), None);
+        assert_eq!(p.window_ns(), 32_000);
+        let (outcome, _) = trial(&mut p, next, 4_000_000, 0, 5_000, 1_000);
+        assert_eq!(
+            outcome.map(|o| (o.sleep_vote, o.sleeps)),
+            Some((false, false))
+        );
         assert_eq!(p.window_ns(), 32_000);
     }
 
@@ -498,22 +574,34 @@ mod tests {
     fn a_trial_keeps_polling_at_its_window_when_polling_serves_more() {
         let t = 100 * MS;
         let mut p = polling_into_a_trial(t);
-        p.observe(t + TRIAL_SPAN_NS, 5_000);
-        // 4,700 in 5 ms: 94%, under the 95% sleeping must keep.
+        // 4,700 against 5,000: 94%, under the 95% sleeping must keep. The warm-ups would
+        // make it 100% if they counted.
+        let (outcome, end) = trial(&mut p, t, 0, 10_000, 5_000, 4_700);
+        assert_eq!(outcome.map(|o| o.sleep_vote), Some(false));
+        assert_eq!(p.window_ns(), 32_000);
+        // The next trial starts TRIAL_EVERY_NS after this one ended; its spans are compared
+        // as rates.
+        let next = end + TRIAL_EVERY_NS;
+        assert_eq!(p.observe(next - 1, 50_000), None);
+        assert_eq!(p.observe(next, 50_000), None);
+        let (outcome, end) = trial(&mut p, next, 50_000, 0, 5_000, 5_000);
+        assert_eq!(outcome.map(|o| o.sleep_vote), Some(true));
+        // A vote against sleeping between two for it: the thread polls on.
+        let next = end + CONFIRM_AFTER_NS;
+        p.observe(next, 100_000);
+        let (outcome, end) = trial(&mut p, next, 100_000, 0, 5_000, 100);
         assert_eq!(
-            p.observe(t + 2 * TRIAL_SPAN_NS, 9_700).map(|o| o.choice),
-            Some(TrialChoice::Poll)
+            outcome.map(|o| (o.sleep_vote, o.sleeps)),
+            Some((false, false))
+        );
+        let next = end + TRIAL_EVERY_NS;
+        p.observe(next, 200_000);
+        let (outcome, _) = trial(&mut p, next, 200_000, 0, 5_000, 5_000);
+        assert_eq!(
+            outcome.map(|o| (o.sleep_vote, o.sleeps)),
+            Some((true, false))
         );
         assert_eq!(p.window_ns(), 32_000);
-        // And the spans are compared as rates: a sleeping span that ran twice as long and
-        // served twice as much is the same rate.
-        let t2 = t + 2 * TRIAL_SPAN_NS + TRIAL_EVERY_NS;
-        p.observe(t2, 0);
-        p.observe(t2 + TRIAL_SPAN_NS, 5_000);
-        assert_eq!(
-            p.observe(t2 + 3 * TRIAL_SPAN_NS, 15_000).map(|o| o.choice),
-            Some(TrialChoice::Sleep)
-        );
     }
 
     #[test]
@@ -530,26 +618,33 @@ mod tests {
     fn an_idle_sleep_ends_a_trial_and_the_choice_to_sleep() {
         let t = 100 * MS;
         let mut p = polling_into_a_trial(t);
-        p.observe(t + TRIAL_SPAN_NS, 5_000);
+        p.observe(t + W, 0);
+        p.observe(t + W + S, 5_000);
         p.on_sleep(IDLE_NS);
         // The trial is over: later observations decide nothing until polling resumes.
-        assert_eq!(p.observe(t + 3 * TRIAL_SPAN_NS, 10_000), None);
+        assert_eq!(p.observe(t + 4 * (W + S), 10_000), None);
         assert_eq!(p.window_ns(), 0);
 
         let mut p = polling_into_a_trial(t);
-        p.observe(t + TRIAL_SPAN_NS, 5_000);
-        assert_eq!(
-            p.observe(t + 2 * TRIAL_SPAN_NS, 10_000).map(|o| o.choice),
-            Some(TrialChoice::Sleep)
-        );
+        let (_, end) = trial(&mut p, t, 0, 0, 5_000, 5_000);
+        p.observe(end + CONFIRM_AFTER_NS, 10_000);
+        let (outcome, end) = trial(&mut p, end + CONFIRM_AFTER_NS, 10_000, 0, 5_000, 5_000);
+        assert_eq!(outcome.map(|o| o.sleeps), Some(true));
         p.on_sleep(IDLE_NS);
         // The load came back: the hit-rate rules run again (short sleeps bring a probe), and
         // no trial starts before polling has gone on for a while.
         start(&mut p);
-        let now = t + 2 * TRIAL_SPAN_NS + 2 * TRIAL_EVERY_NS;
+        let now = end + 2 * TRIAL_EVERY_NS;
         assert_eq!(p.observe(now, 20_000), None);
         assert_eq!(p.observe(now + FIRST_TRIAL_AFTER_NS - 1, 20_000), None);
         assert_eq!(p.window_ns(), 32_000);
+        assert_eq!(p.observe(now + FIRST_TRIAL_AFTER_NS, 20_000), None);
+        // And the votes before the idle time are forgotten: one vote to sleep polls on.
+        let (outcome, _) = trial(&mut p, now + FIRST_TRIAL_AFTER_NS, 20_000, 0, 100, 100);
+        assert_eq!(
+            outcome.map(|o| (o.sleep_vote, o.sleeps)),
+            Some((true, false))
+        );
     }
 
     #[test]
