@@ -98,7 +98,7 @@ impl Span {
 
     /// Advances the span; once its counted part is over, what it served and in how long.
     fn advance(&mut self, now_ns: u64, served: u64) -> Option<(u64, u64)> {
-        let elapsed = now_ns - self.start_ns;
+        let elapsed = now_ns.saturating_sub(self.start_ns);
         if !self.counting {
             if elapsed >= TRIAL_WARMUP_NS {
                 *self = Span {
@@ -109,7 +109,7 @@ impl Span {
             }
             return None;
         }
-        (elapsed >= TRIAL_SPAN_NS).then(|| (served - self.start_served, elapsed))
+        (elapsed >= TRIAL_SPAN_NS).then(|| (served.saturating_sub(self.start_served), elapsed))
     }
 }
 
