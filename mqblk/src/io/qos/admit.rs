@@ -34,6 +34,21 @@ fn try_admit(throttle: &Throttle, me: ThreadId, slot: &Slot, now: Instant) -> Re
     }
 }
 
+/// The shortest QoS timer. At a limit of N requests a second, a request waits about 1/N for
+/// its turn: at 200,000, a timer every 5 µs, and arming and taking each one cost more than
+/// the request itself (on this project's VM an export held to 200k IOPS spent a whole CPU,
+/// 4.8 s per million requests, 62% of it arming timers: docs/PERFORMANCE.md 7b). A request
+/// that waits is late already; letting it wait up to this much longer admits the requests
+/// that came meanwhile together, and the buckets still hold the average and the burst to the
+/// limits, since each request is admitted only when they have room for it.
+pub const TIMER_GRANULARITY: Duration = Duration::from_micros(100);
+
+/// How long a timer for a wait of `wait` runs: at least [`TIMER_GRANULARITY`], and at most
+/// [`MAX_WAIT`] (so that a raised limit is seen soon).
+fn timer_wait(wait: Duration) -> Duration {
+    wait.clamp(TIMER_GRANULARITY, MAX_WAIT)
+}
+
 impl IoThread {
     /// Admits request `id` of queue `local`: true if it may be staged now. Otherwise it waits
     /// behind any request of its queue already waiting, and the queue is not popped until
@@ -97,10 +112,10 @@ impl IoThread {
         }
     }
 
-    /// Makes sure a timer ends within `wait` of `now`, or within [`MAX_WAIT`] (so that a
-    /// raised limit is seen soon). One already armed to end by then will do.
+    /// Makes sure a timer ends within [`timer_wait`]`(wait)` of `now`. One already armed to
+    /// end by then will do.
     fn arm_qos_timer(&mut self, now: Instant, wait: Duration) {
-        let wait = wait.min(MAX_WAIT);
+        let wait = timer_wait(wait);
         let at = now + wait;
         if self.qos_timer.is_some_and(|t| t <= at) {
             return;
@@ -118,5 +133,22 @@ impl IoThread {
         if self.qos_timer.is_some_and(|t| t <= Instant::now()) {
             self.qos_timer = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timer_runs_at_least_the_granularity_and_at_most_the_longest_wait() {
+        assert_eq!(timer_wait(Duration::from_nanos(1)), TIMER_GRANULARITY);
+        assert_eq!(timer_wait(Duration::from_micros(5)), TIMER_GRANULARITY);
+        assert_eq!(
+            timer_wait(Duration::from_micros(250)),
+            Duration::from_micros(250)
+        );
+        assert_eq!(timer_wait(Duration::from_secs(3)), MAX_WAIT);
+        assert!(TIMER_GRANULARITY < MAX_WAIT);
     }
 }
