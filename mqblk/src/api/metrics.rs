@@ -398,9 +398,9 @@ impl Collector for Snapshot {
         )?;
         counter(
             enc,
-            "mqblk_thread_poll_trials_slept_total",
-            help.poll_trials_slept,
-            self.per_thread(|c| c.poll_trials_slept),
+            "mqblk_thread_poll_sleep_votes_total",
+            help.poll_sleep_votes,
+            self.per_thread(|c| c.poll_sleep_votes),
         )
     }
 }
@@ -450,7 +450,7 @@ mod tests {
         a.counters.dirty_pages = 7;
         a.per_thread[1].poll_hits = 9;
         a.per_thread[0].poll_trials = 4;
-        a.per_thread[0].poll_trials_slept = 3;
+        a.per_thread[0].poll_sleep_votes = 3;
         let b = status("b", 1);
         let text = encode(&[a, b]).unwrap();
 
@@ -552,7 +552,7 @@ mod tests {
             trials.contains(&(r#"export="vm-1",thread="0"}"#, "4")),
             "{trials:?}"
         );
-        let slept = samples(&text, "mqblk_thread_poll_trials_slept_total");
+        let slept = samples(&text, "mqblk_thread_poll_sleep_votes_total");
         assert!(
             slept.contains(&(r#"export="vm-1",thread="0"}"#, "3")),
             "{slept:?}"

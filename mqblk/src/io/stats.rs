@@ -168,9 +168,9 @@ counters! {
     /// Rate trials of adaptive polling: a span polling, then one sleeping, to see whether
     /// polling serves more (`io::policy::poll`).
     poll_trials,
-    /// Of those, the ones in which sleeping served at least 95% of polling's rate (two in a
-    /// row put a polling thread to sleep until the next trial).
-    poll_trials_slept,
+    /// Of those, the ones in which sleeping served at least 95% of polling's rate: votes to
+    /// sleep (two in a row put a polling thread to sleep until the next trial).
+    poll_sleep_votes,
     /// Times the I/O thread slept in the kernel waiting for work.
     sleeps,
     /// Batch waits under heavy load.

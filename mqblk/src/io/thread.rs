@@ -244,7 +244,7 @@ impl IoThread {
     /// one line per trial, every half second while the thread polls).
     fn on_poll_trial(&mut self, trial: policy::poll::TrialOutcome) {
         self.counters.poll_trials += 1;
-        self.counters.poll_trials_slept += u64::from(trial.sleep_vote);
+        self.counters.poll_sleep_votes += u64::from(trial.sleep_vote);
         tracing::debug!(
             polled_per_s = trial.polled_per_s,
             slept_per_s = trial.slept_per_s,

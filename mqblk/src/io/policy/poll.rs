@@ -143,8 +143,8 @@ pub struct PollPolicy {
     /// The current epoch is a probe.
     probing: bool,
     trial: Trial,
-    /// Trials in a row that found sleeping served as much.
-    sleep_votes: u8,
+    /// The last trial voted to sleep.
+    last_vote_sleep: bool,
     /// The thread sleeps by the trials' choice: the window stays zero and hit-rate probes are
     /// off until the next trial.
     sleeping_chosen: bool,
@@ -168,7 +168,7 @@ impl PollPolicy {
             zero_sleeps: 0,
             probing: false,
             trial: Trial::Waiting { next_ns: None },
-            sleep_votes: 0,
+            last_vote_sleep: false,
             sleeping_chosen: false,
         }
     }
@@ -255,12 +255,8 @@ impl PollPolicy {
                 // A polling thread goes to sleep on the second vote in a row for it, and a
                 // sleeping one polls again on the first against it: a wrong vote to sleep costs
                 // more than a wrong vote to poll, and a span of a few milliseconds is noisy.
-                let sleeping = sleep && (self.sleeping_chosen || self.sleep_votes > 0);
-                self.sleep_votes = if sleep {
-                    self.sleep_votes.saturating_add(1)
-                } else {
-                    0
-                };
+                let sleeping = sleep && (self.sleeping_chosen || self.last_vote_sleep);
+                self.last_vote_sleep = sleep;
                 self.sleeping_chosen = sleeping;
                 self.window_ns = if sleeping { 0 } else { window_ns };
                 self.zero_sleeps = 0;
@@ -287,13 +283,14 @@ impl PollPolicy {
         }
     }
 
-    /// The load stopped: no trial runs, and the choice to sleep is forgotten.
+    /// The load stopped: no trial runs, and the votes and the choice to sleep are forgotten.
+    /// (A next trial already set while polling keeps its time.)
     fn end_trials(&mut self) {
         if self.in_trial() || self.sleeping_chosen {
             self.trial = Trial::Waiting { next_ns: None };
         }
         self.sleeping_chosen = false;
-        self.sleep_votes = 0;
+        self.last_vote_sleep = false;
     }
 
     fn end_of_window(&mut self, hit: bool) {
@@ -483,6 +480,7 @@ mod tests {
         }
         assert_eq!(polled, 4);
     }
+
     const MS: u64 = 1_000_000;
     const W: u64 = TRIAL_WARMUP_NS;
     const S: u64 = TRIAL_SPAN_NS;
@@ -523,6 +521,21 @@ mod tests {
         (p.observe(end, served + warm + slept), end)
     }
 
+    /// Checks that no trial starts before `at`, then runs one from `at` (warm-ups serving
+    /// nothing); returns its vote, whether the thread then sleeps, and when the trial ended.
+    fn next_trial(
+        p: &mut PollPolicy,
+        at: u64,
+        served: u64,
+        polled: u64,
+        slept: u64,
+    ) -> (Option<(bool, bool)>, u64) {
+        assert_eq!(p.observe(at - 1, served), None);
+        assert_eq!(p.observe(at, served), None);
+        let (outcome, end) = trial(p, at, served, 0, polled, slept);
+        (outcome.map(|o| (o.sleep_vote, o.sleeps)), end)
+    }
+
     #[test]
     fn two_trials_in_a_row_that_find_sleeping_serves_nearly_as_much_put_the_thread_to_sleep() {
         let t = 100 * MS;
@@ -541,14 +554,8 @@ mod tests {
         );
         // One vote polls on, and a second trial comes soon to confirm it.
         assert_eq!(p.window_ns(), 32_000);
-        let next = end + CONFIRM_AFTER_NS;
-        assert_eq!(p.observe(next - 1, 3_000_000), None);
-        assert_eq!(p.observe(next, 3_000_000), None);
-        let (outcome, end) = trial(&mut p, next, 3_000_000, 0, 5_000, 5_000);
-        assert_eq!(
-            outcome.map(|o| (o.sleep_vote, o.sleeps)),
-            Some((true, true))
-        );
+        let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 3_000_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, true)));
         assert_eq!(p.window_ns(), 0);
         // Short sleeps bring no hit-rate probe while sleeping is the choice.
         for _ in 0..(4 * PROBE_EVERY) {
@@ -558,8 +565,8 @@ mod tests {
         let next = end + TRIAL_EVERY_NS;
         assert_eq!(p.observe(next - 1, 4_000_000), None);
         assert_eq!(p.window_ns(), 0);
-        // The next trial polls its first span at the maximum window; one vote against sleeping
-        // is enough to poll again.
+        // The next trial polls its first span at the maximum window (`trial` checks that the
+        // window holds through it); one vote against sleeping is enough to poll again.
         assert_eq!(p.observe(next, 4_000_000), None);
         assert_eq!(p.window_ns(), 32_000);
         let (outcome, _) = trial(&mut p, next, 4_000_000, 0, 5_000, 1_000);
@@ -579,29 +586,32 @@ mod tests {
         let (outcome, end) = trial(&mut p, t, 0, 10_000, 5_000, 4_700);
         assert_eq!(outcome.map(|o| o.sleep_vote), Some(false));
         assert_eq!(p.window_ns(), 32_000);
-        // The next trial starts TRIAL_EVERY_NS after this one ended; its spans are compared
-        // as rates.
-        let next = end + TRIAL_EVERY_NS;
-        assert_eq!(p.observe(next - 1, 50_000), None);
-        assert_eq!(p.observe(next, 50_000), None);
-        let (outcome, end) = trial(&mut p, next, 50_000, 0, 5_000, 5_000);
-        assert_eq!(outcome.map(|o| o.sleep_vote), Some(true));
+        // The next trial starts TRIAL_EVERY_NS after this one ended.
+        let (votes, end) = next_trial(&mut p, end + TRIAL_EVERY_NS, 50_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, false)));
         // A vote against sleeping between two for it: the thread polls on.
-        let next = end + CONFIRM_AFTER_NS;
-        p.observe(next, 100_000);
-        let (outcome, end) = trial(&mut p, next, 100_000, 0, 5_000, 100);
-        assert_eq!(
-            outcome.map(|o| (o.sleep_vote, o.sleeps)),
-            Some((false, false))
-        );
-        let next = end + TRIAL_EVERY_NS;
-        p.observe(next, 200_000);
-        let (outcome, _) = trial(&mut p, next, 200_000, 0, 5_000, 5_000);
-        assert_eq!(
-            outcome.map(|o| (o.sleep_vote, o.sleeps)),
-            Some((true, false))
-        );
+        let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 100_000, 5_000, 100);
+        assert_eq!(votes, Some((false, false)));
+        let (votes, _) = next_trial(&mut p, end + TRIAL_EVERY_NS, 200_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, false)));
         assert_eq!(p.window_ns(), 32_000);
+    }
+
+    #[test]
+    fn spans_are_compared_as_rates_whatever_their_length() {
+        // A loop iteration can come late: here the sleeping span is seen to end after twice
+        // its length. Twice the requests in twice the time is the same rate; the same count
+        // is half of it.
+        for (slept, vote) in [(10_000, true), (5_000, false)] {
+            let t = 100 * MS;
+            let mut p = polling_into_a_trial(t);
+            p.observe(t + W, 0);
+            p.observe(t + W + S, 5_000);
+            p.observe(t + 2 * W + S, 5_000);
+            let outcome = p.observe(t + 2 * W + 3 * S, 5_000 + slept);
+            assert_eq!(outcome.map(|o| o.sleep_vote), Some(vote), "{slept}");
+            assert_eq!(outcome.map(|o| o.slept_per_s), Some(slept * 100), "{slept}");
+        }
     }
 
     #[test]
@@ -627,9 +637,8 @@ mod tests {
 
         let mut p = polling_into_a_trial(t);
         let (_, end) = trial(&mut p, t, 0, 0, 5_000, 5_000);
-        p.observe(end + CONFIRM_AFTER_NS, 10_000);
-        let (outcome, end) = trial(&mut p, end + CONFIRM_AFTER_NS, 10_000, 0, 5_000, 5_000);
-        assert_eq!(outcome.map(|o| o.sleeps), Some(true));
+        let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 10_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, true)));
         p.on_sleep(IDLE_NS);
         // The load came back: the hit-rate rules run again (short sleeps bring a probe), and
         // no trial starts before polling has gone on for a while.
