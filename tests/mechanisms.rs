@@ -102,6 +102,29 @@ fn polling_finds_work_without_kicks_and_data_verifies() {
 }
 
 #[test]
+fn a_poll_waits_past_its_window_for_requests_at_the_engine() {
+    // A 1 µs window, which no read or write of a file with O_DIRECT completes within: allowed
+    // 5 ms for the engine, polls wait for the request at the device and catch its completion;
+    // with no engine wait they end at the window. (The test directory is on a filesystem that
+    // takes O_DIRECT, as the image tests' are.)
+    let opts = "direct=on,queues=1,poll=on,poll-max-us=1";
+    let (r, on) = serve_and_run(&format!("{opts},poll-engine-us=5000"), verify(1, 1, 1));
+    assert!(r.clean() && r.verified_bytes > 0, "{r}");
+    assert!(
+        on.poll_engine_waits > 0,
+        "no poll waited for the engine: {on:?}"
+    );
+    assert!(
+        on.poll_engine_waits_missed * 2 < on.poll_engine_waits,
+        "most waits for the engine saw nothing come: {on:?}"
+    );
+    let (r, off) = serve_and_run(&format!("{opts},poll-engine-us=0"), verify(1, 1, 1));
+    assert!(r.clean() && r.verified_bytes > 0, "{r}");
+    assert_eq!(off.poll_engine_waits, 0, "{off:?}");
+    assert!(off.poll_misses > 0, "{off:?}");
+}
+
+#[test]
 fn adaptive_polling_weighs_polling_against_sleeping_while_it_polls() {
     // A 2 ms window: once the thread probes, its polls catch the client's next requests, so
     // it polls on. A rate trial starts 20 ms in, and the next 0.5 s after it (50 ms after a

@@ -392,6 +392,18 @@ impl Collector for Snapshot {
         )?;
         counter(
             enc,
+            "mqblk_thread_poll_engine_waits_total",
+            help.poll_engine_waits,
+            self.per_thread(|c| c.poll_engine_waits),
+        )?;
+        counter(
+            enc,
+            "mqblk_thread_poll_engine_waits_missed_total",
+            help.poll_engine_waits_missed,
+            self.per_thread(|c| c.poll_engine_waits_missed),
+        )?;
+        counter(
+            enc,
             "mqblk_thread_poll_trials_total",
             help.poll_trials,
             self.per_thread(|c| c.poll_trials),
@@ -450,6 +462,8 @@ mod tests {
         a.counters.dirty_pages = 7;
         a.per_thread[1].poll_hits = 9;
         a.per_thread[0].poll_trials = 4;
+        a.per_thread[0].poll_engine_waits = 6;
+        a.per_thread[0].poll_engine_waits_missed = 2;
         a.per_thread[0].poll_sleep_votes = 3;
         let b = status("b", 1);
         let text = encode(&[a, b]).unwrap();
@@ -552,6 +566,16 @@ mod tests {
             trials.contains(&(r#"export="vm-1",thread="0"}"#, "4")),
             "{trials:?}"
         );
+        for (name, v) in [
+            ("mqblk_thread_poll_engine_waits_total", "6"),
+            ("mqblk_thread_poll_engine_waits_missed_total", "2"),
+        ] {
+            let s = samples(&text, name);
+            assert!(
+                s.contains(&(r#"export="vm-1",thread="0"}"#, v)),
+                "{name}: {s:?}"
+            );
+        }
         let slept = samples(&text, "mqblk_thread_poll_sleep_votes_total");
         assert!(
             slept.contains(&(r#"export="vm-1",thread="0"}"#, "3")),

@@ -454,6 +454,15 @@ const GENERAL: &[Key] = &[
         "longest poll window (default 32; 0 turns polling off)",
     ),
     int_key!(
+        "poll-engine-us",
+        "N",
+        tuning.poll_engine_us as u32,
+        0,
+        10_000,
+        "an integer from 0 to 10000 (microseconds)",
+        "while requests are at the engine, a poll goes on past its window for up to N µs to catch their completions, as SPDK's reactor would, rather than sleep and be woken by them (default 200; where under half such waits see work come, they pause for 256 polls; 0: the window alone)",
+    ),
+    int_key!(
         "batch-wait-us",
         "N",
         tuning.batch_wait_us as u32,
@@ -750,7 +759,7 @@ mod tests {
         // engine=rbd parses only in a build that can serve it.
         let rbd_specs = if rbd::BUILT { &rbd_specs[..] } else { &[] };
         for spec in rbd_specs.iter().copied().chain([
-            "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,notify-early=off,queue-size=256,id=disk-1",
+            "socket=/run/a.sock,path=/img,queues=4,threads=2,cpus=0-3,readonly=on,direct=off,serial=x,poll=on,poll-max-us=7,poll-engine-us=9,batch-wait-us=3,merge=off,fixed-files=off,fixed-buffers=on,sqpoll-idle-ms=5,coop-taskrun=off,submit-early=off,notify-early=off,queue-size=256,id=disk-1",
             "socket=/run/b.sock,engine=null,size=1G",
             "socket=/run/c.sock,engine=mem,size=64M,threads=per-queue",
             "socket=/run/d.sock,engine=null,size=1G,iops-read=100,iops-read-max=1000,iops-read-max-length=60,iops-write=50,iops-write-max=60,bps-total=1048576,bps-total-max=2097152,bps-total-max-length=3,iops-size=4096,group=g",

@@ -21,6 +21,9 @@ pub struct Tuning {
     pub poll: PollMode,
     /// Longest poll window, microseconds.
     pub poll_max_us: u32,
+    /// Longest a poll goes on past its window while requests are at the engine, waiting for
+    /// their completions, microseconds (0: never; `io::policy::engine_wait`).
+    pub poll_engine_us: u32,
     /// Longest wait to grow a batch under heavy load, microseconds (0: never wait).
     pub batch_wait_us: u32,
     /// Merge adjacent requests into one host I/O.
@@ -50,6 +53,7 @@ impl Default for Tuning {
         Tuning {
             poll: PollMode::Adaptive,
             poll_max_us: 32,
+            poll_engine_us: 200,
             batch_wait_us: 0,
             merge: true,
             fixed_files: true,

@@ -165,6 +165,11 @@ counters! {
     poll_hits,
     /// Busy-poll windows that expired without work.
     poll_misses,
+    /// Polls that went on past their window because requests were at the engine, to catch
+    /// their completions (`poll-engine-us`).
+    poll_engine_waits,
+    /// Of those, the ones that ended without work.
+    poll_engine_waits_missed,
     /// Rate trials of adaptive polling: a span polling, then one sleeping, to see whether
     /// polling serves more (`io::policy::poll`).
     poll_trials,

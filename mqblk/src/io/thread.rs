@@ -15,7 +15,7 @@ use std::time::Instant;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::migration::DirtyTracking;
-use super::policy::{self, BatchPolicy, EarlyNotify, PollPolicy, Shape};
+use super::policy::{self, BatchPolicy, EarlyNotify, EngineWait, PollPolicy, Shape};
 use super::qos::Throttle;
 use super::ring::{Ring, Token};
 use super::slots::{SlotId, SlotTable};
@@ -73,6 +73,8 @@ pub(super) struct IoThread {
     pub(super) tuning: Tuning,
     pub(super) batch: BatchPolicy,
     poll: PollPolicy,
+    /// How long a poll waits for requests at the engine.
+    engine_wait: EngineWait,
     /// Whether to notify at a round's first used entry (`policy::notify`).
     pub(super) early_notify: EarlyNotify,
     /// Requests started on the engine and not yet completed.
@@ -154,6 +156,7 @@ impl IoThread {
             log: LogLimiter::new(),
             batch: BatchPolicy::new(cfg.tuning.batch_wait_us),
             poll: PollPolicy::new(cfg.tuning.poll, cfg.tuning.poll_max_us),
+            engine_wait: EngineWait::new(cfg.tuning.poll_engine_us),
             early_notify: EarlyNotify::new(cfg.tuning.notify_early),
             tuning: cfg.tuning,
             engine_in_flight: 0,
@@ -332,13 +335,17 @@ impl IoThread {
         }
     }
 
-    /// Busy-polls the avail rings and the completion ring for up to the poll window.
-    /// Returns true when it found work.
+    /// Busy-polls the avail rings and the completion ring for up to the poll window, and
+    /// while requests are at the engine, for up to the engine wait. Returns true when it found
+    /// work.
     fn poll_for_work(&mut self) -> bool {
         let window = self.poll.window_ns();
         if window == 0 || self.pending_mem.is_some() || self.shutdown {
             return false;
         }
+        let limit = self.engine_wait.limit_ns(window, self.engine_in_flight);
+        // Set once the poll has gone past its window, waiting for the engine.
+        let mut waiting_for_engine = false;
         // The clock is read every 16 spins, starting at the 16th: a poll that finds work
         // sooner (at iodepth 1 with a polling client, most do) reads it not at all, and the
         // window is longer by those 16 spins (about a microsecond, against windows of 4 µs
@@ -350,18 +357,27 @@ impl IoThread {
             if self.ring.has_completions() || self.any_avail() {
                 self.counters.poll_hits += 1;
                 self.poll.on_poll_hit();
+                if waiting_for_engine {
+                    self.on_engine_wait(true);
+                }
                 return true;
             }
             spins += 1;
             if spins.is_multiple_of(16) {
                 match start {
                     None => start = Some(Instant::now()),
-                    Some(t) if t.elapsed().as_nanos() as u64 >= window => {
-                        self.counters.poll_misses += 1;
-                        self.poll.on_poll_miss();
-                        return false;
+                    Some(t) => {
+                        let elapsed = t.elapsed().as_nanos() as u64;
+                        if elapsed >= limit {
+                            self.counters.poll_misses += 1;
+                            self.poll.on_poll_miss();
+                            if limit > window {
+                                self.on_engine_wait(false);
+                            }
+                            return false;
+                        }
+                        waiting_for_engine = elapsed >= window;
                     }
-                    Some(_) => {}
                 }
             }
             if spins.is_multiple_of(YIELD_SPINS) {
@@ -371,6 +387,14 @@ impl IoThread {
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Counts a poll that went on past its window for the engine, and tells the policy
+    /// whether work came.
+    fn on_engine_wait(&mut self, arrived: bool) {
+        self.counters.poll_engine_waits += 1;
+        self.counters.poll_engine_waits_missed += u64::from(!arrived);
+        self.engine_wait.on_wait(arrived);
     }
 
     /// Whether any queue that takes requests now has avail entries not yet popped.
