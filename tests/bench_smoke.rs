@@ -106,21 +106,23 @@ fn bench_rejects_bad_arguments_before_running_anything() {
     );
 }
 
-/// `--format qcow2-overlay` with a `format=raw` variant: the bench makes the raw image and an
-/// overlay over it (anew before each sample), mqblk serves the overlay in one series and the
-/// raw image in the other, `qemu-img check` finds the overlay consistent after its sample, and
-/// results.json records which format each point served. Random writes: each allocates clusters
-/// in the overlay, so the check sees the metadata mqblk wrote for them.
+/// `--format qcow2-overlay` with a `format=raw` variant: the bench makes the raw image (and,
+/// with `--read-first`, reads it once) and an overlay over it (anew before each sample), mqblk
+/// serves the overlay in one series and the raw image in the other, `qemu-img check` finds the
+/// overlay consistent after its sample, and results.json records which format each point
+/// served. Random writes: each allocates clusters in the overlay, so the check sees the
+/// metadata mqblk wrote for them.
 #[test]
 fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
     let dir = TestDir::new();
     let out = dir.path().join("out");
-    bench_ok(
+    let stdout = bench_ok(
         &[
             "--backend",
             "mqblk",
             "--engine",
             "uring",
+            "--read-first",
             "--format",
             "qcow2-overlay",
             "--mode",
@@ -143,9 +145,18 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
         ],
         &out,
     );
+    // --read-first read the raw image (16 MiB) before the first sample.
+    assert!(
+        stdout.contains(&format!(
+            "read {} once (16 MiB",
+            out.join("disk.img").display()
+        )),
+        "{stdout}"
+    );
     let text = std::fs::read_to_string(out.join("results.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["options"]["format"], "qcow2-overlay");
+    assert_eq!(v["options"]["read_first"], true);
     let points = v["points"].as_array().unwrap();
     let served: Vec<(&str, &str)> = points
         .iter()

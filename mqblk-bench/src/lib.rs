@@ -69,6 +69,15 @@ pub fn bench(opts: &BenchOptions, command: &str) -> anyhow::Result<()> {
     let image = match opts.engine {
         EngineKind::Uring => {
             let (raw, size) = run::prepare_image(opts)?;
+            if opts.read_first {
+                let (bytes, took) = run::read_first(&raw)?;
+                println!(
+                    "read {} once ({} MiB in {:.1} s) before the first sample",
+                    raw.display(),
+                    bytes >> 20,
+                    took.as_secs_f64()
+                );
+            }
             run::prepare_qcow2(opts, &raw)?;
             Some((raw, size))
         }

@@ -65,6 +65,13 @@ impl BenchResults {
             client_names(&o.clients, o.backends.contains(&Backend::Spdk)),
             if o.client_poll { "poll" } else { "interrupt-driven" }
         );
+        if o.read_first {
+            let _ = writeln!(
+                s,
+                "- the raw image was read once from end to end (O_DIRECT) before the first \
+                 sample (`--read-first`), so that the caches below it held the same in every repeat"
+            );
+        }
         let image = match o.format {
             ImageFormat::Raw => None,
             ImageFormat::Qcow2 => Some(

@@ -57,6 +57,13 @@ pub struct BenchArgs {
     /// --size if missing; an existing file is used at its size.
     #[arg(long, value_name = "FILE")]
     pub path: Option<PathBuf>,
+    /// With --engine uring: read the raw image once from end to end (O_DIRECT) before the
+    /// first sample, so that the caches below it (a VM's disk is a file its host caches; a
+    /// device has its own) hold the same in every repeat. On this project's VM a file the host
+    /// has not cached reads 20-40x slower, and a run would measure which blocks each repeat
+    /// happened to read (docs/PERFORMANCE.md 12h).
+    #[arg(long)]
+    pub read_first: bool,
     /// Image format for --engine uring, served by mqblk and qsd: raw (the raw image itself),
     /// qcow2 (OUT/disk.qcow2, converted from the raw image by qemu-img with every cluster
     /// allocated: the mapping of each request is what it adds) or qcow2-overlay (an empty
@@ -259,6 +266,8 @@ pub struct BenchOptions {
     pub engine: EngineKind,
     /// Image file (uring engine).
     pub path: Option<PathBuf>,
+    /// Read the raw image once before the first sample.
+    pub read_first: bool,
     /// Image format (uring engine).
     pub format: ImageFormat,
     /// The RBD image (rbd engine).
@@ -361,6 +370,12 @@ impl BenchOptions {
         }
         if !on_storage && a.path.is_some() {
             return Err("--path is for --engine uring and nvme".into());
+        }
+        if a.read_first && engine != EngineKind::Uring {
+            return Err(format!(
+                "--read-first reads the image of --engine uring, not --engine {}",
+                engine.name()
+            ));
         }
         if engine == EngineKind::Nvme && a.path.is_none() {
             return Err(
@@ -520,6 +535,7 @@ impl BenchOptions {
             modes,
             engine,
             path: a.path.clone(),
+            read_first: a.read_first,
             format,
             rbd,
             size,
@@ -602,6 +618,14 @@ mod tests {
         .unwrap();
         assert_eq!(o.mqblk_opts, vec!["poll=off".to_string(), String::new()]);
         assert_eq!(o.engine, EngineKind::Uring);
+        let e = test_options("--read-first").unwrap_err();
+        assert!(e.contains("--engine uring") && e.contains("null"), "{e}");
+        assert!(
+            test_options("--engine uring --read-first")
+                .unwrap()
+                .read_first
+        );
+        assert!(!test_options("--engine uring").unwrap().read_first);
         let e = test_options("--engine rbd").unwrap_err();
         assert!(e.contains("--rbd POOL/IMAGE"), "{e}");
         let e = test_options("--rbd rbd/x").unwrap_err();

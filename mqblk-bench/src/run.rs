@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 
@@ -290,6 +291,37 @@ pub fn prepare_image(opts: &BenchOptions) -> anyhow::Result<(PathBuf, u64)> {
     f.sync_all()
         .with_context(|| format!("syncing {}", path.display()))?;
     Ok((path, opts.size))
+}
+
+/// Reads the raw image `path` once from end to end with O_DIRECT (`--read-first`): the reads
+/// reach the device, and whatever caches it (a VM's host page cache, a device's own cache)
+/// holds the image as it will for every sample, while this machine's page cache is left as it
+/// was. Returns the bytes read and how long it took.
+pub fn read_first(path: &Path) -> anyhow::Result<(u64, Duration)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const CHUNK: usize = 1 << 20;
+    const ALIGN: usize = 4096;
+    let started = Instant::now();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("--read-first: opening {} with O_DIRECT", path.display()))?;
+    // O_DIRECT wants an aligned buffer: the aligned part of a larger one.
+    let mut backing = vec![0u8; CHUNK + ALIGN];
+    let skip = backing.as_ptr().align_offset(ALIGN);
+    let buf = &mut backing[skip..skip + CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = f
+            .read(buf)
+            .with_context(|| format!("--read-first: reading {} at {total}", path.display()))?;
+        if n == 0 {
+            return Ok((total, started.elapsed()));
+        }
+        total += n as u64;
+    }
 }
 
 /// Where a run keeps its sockets, stats files and logs (sockets and stats files in a tmpfs
