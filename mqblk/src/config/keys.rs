@@ -460,7 +460,7 @@ const GENERAL: &[Key] = &[
         0,
         10_000,
         "an integer from 0 to 10000 (microseconds)",
-        "while requests are at the engine, a poll goes on past its window for up to N µs to catch their completions, as SPDK's reactor would, rather than sleep and be woken by them (default 200; where under half such waits see work come, they pause for 256 polls; 0: the window alone)",
+        "while 1 to 4 requests are at the engine, a poll goes on past its window for up to N µs to catch their completions, as SPDK's reactor would, rather than sleep and be woken by them (default 200; where under half such waits see work come, they rest for 256 polls, twice as long each time that repeats, up to 8192; 0: the window alone)",
     ),
     int_key!(
         "batch-wait-us",
