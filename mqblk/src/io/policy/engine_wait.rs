@@ -20,6 +20,8 @@
 //! (Whether polling pays at all, the poll window's hit rate and rate trials decide: a thread
 //! that does not poll does not wait either.)
 
+use super::tally::HitTally;
+
 /// The most requests at the engine for which a poll waits. With more, their completions
 /// come closer together than the window unless the engine is congested, and polling a
 /// congested engine only takes CPU from it (a loop device's kernel worker shares the CPUs).
@@ -39,9 +41,8 @@ pub const LONGEST_REST: u32 = 8192;
 #[derive(Debug, Clone)]
 pub struct EngineWait {
     max_ns: u64,
-    /// Waits and waits that saw work come in the current epoch.
-    waits: u32,
-    arrivals: u32,
+    /// Waits, and the ones that saw work come, in the current epoch.
+    waits: HitTally,
     /// Polls left that do not wait.
     resting: u32,
     /// How long the next rest is.
@@ -53,8 +54,7 @@ impl EngineWait {
     pub fn new(max_us: u32) -> Self {
         EngineWait {
             max_ns: u64::from(max_us) * 1000,
-            waits: 0,
-            arrivals: 0,
+            waits: HitTally::default(),
             resting: 0,
             next_rest: REST,
         }
@@ -75,19 +75,15 @@ impl EngineWait {
 
     /// A poll that went on past its window ended: `arrived` if it found work.
     pub fn on_wait(&mut self, arrived: bool) {
-        self.waits += 1;
-        self.arrivals += u32::from(arrived);
-        if self.waits < EPOCH {
+        let Some(arrivals) = self.waits.count(arrived, EPOCH) else {
             return;
-        }
-        if self.arrivals * 2 < EPOCH {
+        };
+        if arrivals * 2 < EPOCH {
             self.resting = self.next_rest;
             self.next_rest = (self.next_rest * 2).min(LONGEST_REST);
         } else {
             self.next_rest = REST;
         }
-        self.waits = 0;
-        self.arrivals = 0;
     }
 }
 

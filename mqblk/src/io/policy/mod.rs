@@ -7,6 +7,7 @@ pub mod merge;
 pub mod notify;
 pub mod poll;
 pub mod submit;
+pub mod tally;
 
 pub use batch::BatchPolicy;
 pub use engine_wait::EngineWait;

@@ -40,6 +40,8 @@
 
 pub use crate::config::PollMode;
 
+use super::tally::HitTally;
+
 /// The first non-zero window, in nanoseconds.
 pub const GROW_START_NS: u64 = 4_000;
 /// Poll windows per hit-rate decision.
@@ -136,8 +138,7 @@ pub struct PollPolicy {
     max_ns: u64,
     window_ns: u64,
     /// Poll windows and hits in the current epoch.
-    polls: u32,
-    hits: u32,
+    windows: HitTally,
     /// Non-idle sleeps in a row at window zero.
     zero_sleeps: u32,
     /// The current epoch is a probe.
@@ -163,8 +164,7 @@ impl PollPolicy {
             mode,
             max_ns,
             window_ns,
-            polls: 0,
-            hits: 0,
+            windows: HitTally::default(),
             zero_sleeps: 0,
             probing: false,
             trial: Trial::Waiting { next_ns: None },
@@ -260,8 +260,7 @@ impl PollPolicy {
                 self.sleeping_chosen = sleeping;
                 self.window_ns = if sleeping { 0 } else { window_ns };
                 self.zero_sleeps = 0;
-                self.polls = 0;
-                self.hits = 0;
+                self.windows.restart();
                 self.probing = false;
                 let wait = if sleep && !sleeping {
                     CONFIRM_AFTER_NS
@@ -297,14 +296,12 @@ impl PollPolicy {
         if !self.adaptive() || self.in_trial() {
             return;
         }
-        self.polls += 1;
-        self.hits += u32::from(hit);
-        if self.polls < EPOCH {
+        let Some(hits) = self.windows.count(hit, EPOCH) else {
             return;
-        }
-        if self.hits * 2 >= EPOCH {
+        };
+        if hits * 2 >= EPOCH {
             self.grow();
-        } else if self.hits * 4 < EPOCH {
+        } else if hits * 4 < EPOCH {
             if self.probing {
                 // A failed probe costs one epoch, not the whole way down.
                 self.window_ns = 0;
@@ -313,8 +310,6 @@ impl PollPolicy {
             }
         }
         self.probing = false;
-        self.polls = 0;
-        self.hits = 0;
     }
 
     /// A poll found work.
@@ -337,8 +332,7 @@ impl PollPolicy {
             self.end_trials();
             self.shrink();
             self.zero_sleeps = 0;
-            self.polls = 0;
-            self.hits = 0;
+            self.windows.restart();
             return;
         }
         if self.window_ns > 0 || self.in_trial() || self.sleeping_chosen {
@@ -356,8 +350,7 @@ impl PollPolicy {
             self.zero_sleeps = 0;
             self.window_ns = self.max_ns;
             self.probing = true;
-            self.polls = 0;
-            self.hits = 0;
+            self.windows.restart();
         }
     }
 }
