@@ -60,7 +60,7 @@ pub struct BenchArgs {
     /// With --engine uring: read the raw image once from end to end (O_DIRECT) before the
     /// first sample, so that the caches below it (a VM's disk is a file its host caches; a
     /// device has its own) hold the same in every repeat. On this project's VM a file the host
-    /// has not cached reads 20-40x slower, and a run would measure which blocks each repeat
+    /// has not cached read about 40x slower, and a run would measure which blocks each repeat
     /// happened to read (docs/PERFORMANCE.md 12h).
     #[arg(long)]
     pub read_first: bool,
