@@ -500,3 +500,88 @@ fn malformed_messages_close_only_that_connection() {
         failures.join("\n")
     );
 }
+
+/// A bug that some message reaches ends that message's connection only. A debug build's test
+/// hook (`frontend/test_hooks.rs`, `MQBLK_TEST_ONLY_PANIC_AFTER_START`) panics the session at
+/// the message that starts the second queue (SET_VRING_ENABLE, from libblkio), with the first queue's I/O thread already
+/// serving it: the listener catches the panic, closes that connection and resets its session
+/// as for any disconnect (`daemon/listener.rs`). Then a new frontend is served on both queues,
+/// the daemon holds the descriptors it held before, and the export beside it saw no error.
+#[test]
+fn a_panic_while_a_message_is_handled_closes_that_connection_only() {
+    if !support::skip::has_test_hooks() {
+        return;
+    }
+    let dir = TestDir::new();
+    let (mut daemon, sock, _ro, by_sock, _img) =
+        start_daemon_env(&dir, &[("MQBLK_TEST_ONLY_PANIC_AFTER_START", "1")]);
+    let by = Bystander::start(by_sock, IMG_SIZE);
+    by.wait_serving();
+    // Counted with a probe holding the export, as in the test above; a 1-queue probe never
+    // starts queue 1, so it does not set the panic off.
+    let fds_held = |daemon: &Daemon| {
+        let _probe = probe(&sock, &hostile_client_options());
+        fd_count(daemon.pid())
+    };
+    let fds_before = fds_held(&daemon);
+
+    let mut two_queues = ConnectOptions::new(2);
+    two_queues.queue_size = Some(64);
+    // libblkio waits for each message's reply, so the panic fails its setup; should a
+    // client get through anyway, its connection must be gone.
+    match Client::connect_with(&sock, &two_queues) {
+        Err(e) => eprintln!("the connection that panicked failed its setup: {e:#}"),
+        Ok(mut c) => {
+            c.set_timeout(ANSWER_TIMEOUT);
+            assert!(
+                c.read_vec(0, 0, 4096).is_err(),
+                "a client whose setup panicked the daemon was still served"
+            );
+        }
+    }
+    assert!(
+        daemon.wait_for_log(
+            "handling a vhost-user message panicked; closing the connection",
+            Duration::from_secs(10)
+        ),
+        "no line about the panic in the daemon's log:\n{}",
+        daemon.log()
+    );
+    assert_alive(&mut daemon, "the panic");
+
+    // A new frontend, served on both queues: each writes a block and reads back the other's.
+    let mut c = connect_retry(&sock, &two_queues).expect("a client after the panic");
+    c.set_timeout(ANSWER_TIMEOUT);
+    let blocks: Vec<Vec<u8>> = (0..2u64)
+        .map(|q| {
+            let mut b = vec![0u8; 4096];
+            mqblk_client::fill_pattern(&mut b, q * 65536, 0xfa11 + q);
+            b
+        })
+        .collect();
+    for (q, b) in blocks.iter().enumerate() {
+        c.write(q, q as u64 * 65536, b)
+            .unwrap_or_else(|e| panic!("write on queue {q} after the panic: {e}"));
+    }
+    for (q, b) in blocks.iter().enumerate() {
+        let got = c
+            .read_vec(1 - q, q as u64 * 65536, 4096)
+            .unwrap_or_else(|e| panic!("read on queue {} after the panic: {e}", 1 - q));
+        assert!(
+            &got == b,
+            "queue {}: read back other data than written",
+            1 - q
+        );
+    }
+    drop(c);
+
+    let fds_after = fds_held(&daemon);
+    assert_eq!(
+        fds_after, fds_before,
+        "daemon descriptors: {fds_before} before the panic, {fds_after} after"
+    );
+    let ops = by.finish();
+    eprintln!("bystander export served {ops} requests meanwhile");
+    assert_alive(&mut daemon, "everything");
+    daemon.terminate();
+}

@@ -11,6 +11,7 @@ use mqblk_client::{Client, Concurrent, Pattern};
 use support::daemon::*;
 use support::mount::Mount;
 use support::qemu_img::{assert_checks_clean, qemu_img_ok, qemu_io_ok, read_through_qemu};
+use support::skip::has_test_hooks;
 
 const SIZE: u64 = 32 << 20;
 const CLUSTER: u64 = 64 << 10;
@@ -960,20 +961,6 @@ fn refcounts_the_l1_table_and_new_data_are_durable_when_a_write_into_a_new_clust
     drop(c);
     d.stop();
     assert_checks_clean(&img, false);
-}
-
-/// Whether the daemon under test has its test hooks (`MQBLK_TEST_ONLY_*`, debug builds only);
-/// in a release build the calling test fails, unless `MQBLK_TEST_ALLOW_RELEASE_BUILD` says
-/// that skipping it is expected.
-fn has_test_hooks() -> bool {
-    if cfg!(debug_assertions) {
-        return true;
-    }
-    support::skip::skip_unless_allowed(
-        "MQBLK_TEST_ALLOW_RELEASE_BUILD",
-        "the daemon's test hooks (MQBLK_TEST_ONLY_*) are in debug builds only",
-    );
-    false
 }
 
 /// A new cluster is mapped in imago's cache before its data is written (`early_maps.rs`), and

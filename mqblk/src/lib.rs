@@ -20,7 +20,7 @@
 //! - [`config`]: export settings and the one table of export keys.
 //!
 //! Beside the layers, usable by all: `log_limit` (the rate limit on what a guest can make
-//! mqblk log).
+//! mqblk log) and `test_hooks` (the variables through which tests reach a debug build).
 //!
 //! docs/ARCHITECTURE.md walks a request through these files.
 
@@ -37,6 +37,7 @@ pub mod io;
 pub(crate) mod log_limit;
 pub mod sandbox;
 pub mod shm;
+pub(crate) mod test_hooks;
 
 #[cfg(test)]
 mod layering {

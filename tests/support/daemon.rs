@@ -371,6 +371,16 @@ impl Daemon {
 
     /// [`Daemon::start`] with extra arguments for `mqblk serve` (ignored with QSD).
     pub fn start_args(dir: &TestDir, exports: &[Export], args: &[&str]) -> Self {
+        Self::start_env(dir, exports, args, &[])
+    }
+
+    /// [`Daemon::start_args`] with variables set in mqblk's environment (ignored with QSD).
+    pub fn start_env(
+        dir: &TestDir,
+        exports: &[Export],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd;
         if use_qsd() {
             cmd = Command::new("qemu-storage-daemon");
@@ -384,6 +394,7 @@ impl Daemon {
                 cmd.arg("--export").arg(e.spec());
             }
             cmd.args(args);
+            cmd.envs(env.iter().copied());
         }
         let sockets: Vec<&Path> = exports.iter().map(|e| e.socket.as_path()).collect();
         let mut d = Self::spawn(dir, cmd, &sockets);

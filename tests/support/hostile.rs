@@ -144,6 +144,15 @@ pub const IMG_SEED: u64 = 0x5eed;
 /// (read-only) and `bystander` (served to a libblkio client throughout). Returns it with the
 /// three sockets, in that order, and the `hostile` export's image.
 pub fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf, PathBuf, PathBuf) {
+    start_daemon_env(dir, &[])
+}
+
+/// [`start_daemon`] with variables set in the daemon's environment (a debug build's test
+/// hooks).
+pub fn start_daemon_env(
+    dir: &TestDir,
+    env: &[(&str, &str)],
+) -> (Daemon, PathBuf, PathBuf, PathBuf, PathBuf) {
     let img = dir.image("hostile.img", IMG_SIZE, Some(IMG_SEED));
     let ro_img = dir.image("ro.img", IMG_SIZE, Some(IMG_SEED));
     let by_img = dir.image("bystander.img", IMG_SIZE, None);
@@ -152,13 +161,15 @@ pub fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf, PathBuf, PathBu
         dir.join("ro.sock"),
         dir.join("bystander.sock"),
     );
-    let daemon = Daemon::start(
+    let daemon = Daemon::start_env(
         dir,
         &[
             Export::file(&a, &img).queues(2).set("queue-size", "64"),
             Export::file(&b, &ro_img).readonly(),
             Export::file(&c, &by_img),
         ],
+        &[],
+        env,
     );
     (daemon, a, b, c, img)
 }

@@ -13,3 +13,17 @@ pub fn skip_unless_allowed(allow: &str, why: &str) {
     );
     eprintln!("SKIPPED ({allow}): {why}");
 }
+
+/// Whether the daemon under test has its test hooks (`MQBLK_TEST_ONLY_*`, debug builds only);
+/// in a release build the calling test fails, unless `MQBLK_TEST_ALLOW_RELEASE_BUILD` says
+/// that skipping it is expected.
+pub fn has_test_hooks() -> bool {
+    if cfg!(debug_assertions) {
+        return true;
+    }
+    skip_unless_allowed(
+        "MQBLK_TEST_ALLOW_RELEASE_BUILD",
+        "the daemon's test hooks (MQBLK_TEST_ONLY_*) are in debug builds only",
+    );
+    false
+}

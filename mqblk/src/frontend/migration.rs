@@ -15,6 +15,7 @@ use super::device::Device;
 use super::error::{Error, Result};
 use crate::io::dirty_log::DirtyLog;
 use crate::io::{self, used_ring_len, Command};
+use crate::test_hooks::debug_only;
 
 /// Set to 1 in the environment of a debug build, mqblk accepts and acknowledges dirty logging
 /// but marks nothing: the migration tests use it to show that they catch a backend that does
@@ -25,8 +26,7 @@ pub const TEST_SKIP_ENV: &str = "MQBLK_TEST_ONLY_SKIP_DIRTY_LOG";
 fn test_skip() -> bool {
     static SKIP: OnceLock<bool> = OnceLock::new();
     *SKIP.get_or_init(|| {
-        let skip =
-            cfg!(debug_assertions) && std::env::var_os(TEST_SKIP_ENV).is_some_and(|v| v == "1");
+        let skip = debug_only(TEST_SKIP_ENV) == Some(1);
         if skip {
             tracing::error!(
                 "{TEST_SKIP_ENV}=1: dirty logging is acknowledged but nothing is marked; \

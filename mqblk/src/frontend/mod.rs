@@ -8,7 +8,8 @@
 //! - [`features`]: what is offered;
 //! - [`backend_channel`]: telling the frontend about a config change (online resize);
 //! - [`migration`]: the dirty log and what is logged while the frontend migrates the VM;
-//! - [`error`]: why a message is refused.
+//! - [`error`]: why a message is refused;
+//! - `test_hooks`: a panic a test can have a debug build's session make.
 
 pub mod backend_channel;
 pub mod device;
@@ -17,6 +18,7 @@ pub mod features;
 pub mod memory;
 pub mod migration;
 pub mod session;
+mod test_hooks;
 pub mod vring;
 
 pub use device::Device;

@@ -173,6 +173,7 @@ impl Session {
             inflight: track,
             resubmit,
         });
+        super::test_hooks::after_start(i);
     }
 
     /// Runs `f` with every started ring stopped (its requests completed, nothing new

@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::uring_io;
+use crate::test_hooks::debug_only;
 
 /// The delay's variable, in milliseconds.
 pub const EARLY_DATA_DELAY_ENV: &str = "MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS";
@@ -57,12 +58,4 @@ fn delay() -> Option<Duration> {
         );
         Some(Duration::from_millis(ms))
     })
-}
-
-/// The number in `var`, in a debug build.
-fn debug_only(var: &str) -> Option<u64> {
-    if !cfg!(debug_assertions) {
-        return None;
-    }
-    std::env::var(var).ok()?.parse().ok()
 }
