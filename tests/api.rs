@@ -558,3 +558,52 @@ fn a_slow_resize_holds_up_no_other_request() {
     assert!(r.clean(), "{r}");
     assert!(d.stop().success());
 }
+
+/// A bug that some request reaches ends that request's connection only, with an answer that
+/// says so. A debug build's `debug_panic` panics the API thread handling it: the client gets
+/// error -32603 and its connection closes. More such panics than the API serves clients at
+/// once leave it taking new clients (each connection's place is given back however it ends),
+/// a connection opened before them answers on, and the export serves throughout.
+#[test]
+fn a_panic_while_a_request_is_handled_ends_that_connection_only() {
+    if !support::skip::has_test_hooks() {
+        return;
+    }
+    let _guard = together();
+    let dir = TestDir::new();
+    let img = dir.image("keep.img", 4 * MIB, None);
+    let keep = dir.join("keep.sock");
+    let (d, mut api) = daemon(&dir, &[Export::file(&keep, &img).direct(false)]);
+    let mut c = Client::connect(&keep, 1).expect("connect");
+
+    for i in 0..=mqblk::api::rpc::MAX_CLIENTS {
+        let mut panicking = Api::connect(&dir.join("api.sock"));
+        let (code, message) = panicking
+            .call("debug_panic", json!({}))
+            .expect_err("debug_panic answered without an error");
+        assert_eq!(code, -32603, "panic {i}: {message}");
+        assert!(message.contains("bug"), "panic {i}: {message}");
+        assert!(
+            panicking.closed_by_daemon(),
+            "panic {i}: the connection stayed open"
+        );
+        if i % 16 == 0 {
+            write_and_verify(&mut c, i as u64 * 4096, 4096, i as u64);
+        }
+    }
+    assert!(
+        d.log()
+            .contains("handling a management API request panicked; closing that connection"),
+        "no line about the panics in the daemon's log"
+    );
+    assert_eq!(
+        ids(&mut api).len(),
+        1,
+        "the connection opened before the panics"
+    );
+    let mut late = Api::connect(&dir.join("api.sock"));
+    late.ok("version", json!({}));
+    write_and_verify(&mut c, 0, 64 * 1024, 99);
+    drop(c);
+    d.terminate();
+}

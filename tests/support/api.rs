@@ -100,6 +100,13 @@ impl Api {
         }
     }
 
+    /// Whether the daemon has closed this connection (its next read ends at once, with
+    /// nothing).
+    pub fn closed_by_daemon(&mut self) -> bool {
+        let mut rest = String::new();
+        matches!(self.reader.read_line(&mut rest), Ok(0))
+    }
+
     /// [`Api::call`] that must succeed.
     pub fn ok(&mut self, method: &str, params: Value) -> Value {
         self.call(method, params)

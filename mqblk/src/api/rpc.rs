@@ -83,6 +83,9 @@ enum RpcError {
     /// A parameter refused, or what the daemon answered.
     #[error(transparent)]
     Control(#[from] ControlError),
+    /// Handling the request panicked: a bug of the daemon's.
+    #[error("the daemon hit a bug while handling this request (its log has the panic); the connection is closed")]
+    Internal,
 }
 
 impl RpcError {
@@ -99,6 +102,7 @@ impl RpcError {
             | RpcError::PeerNotAllowed { .. }
             | RpcError::TooManyClients => -32600,
             RpcError::NoSuchMethod(_) => -32601,
+            RpcError::Internal => -32603,
             RpcError::Control(e) => e.code(),
         }
     }
@@ -166,21 +170,39 @@ fn accept_loop(listener: &UnixListener, control: Arc<dyn Control>, stop: Arc<Ato
             let _ = reply_line(&stream, &error_reply(Value::Null, e));
             continue;
         }
-        if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
-            clients.fetch_sub(1, Ordering::SeqCst);
+        let Some(slot) = ClientSlot::take(&clients) else {
             let _ = reply_line(&stream, &error_reply(Value::Null, RpcError::TooManyClients));
             continue;
-        }
-        let (control, clients2) = (control.clone(), clients.clone());
-        let spawned = std::thread::Builder::new()
+        };
+        let control = control.clone();
+        // Should the thread not start, the closure is dropped, and the slot with it.
+        let _ = std::thread::Builder::new()
             .name("mqblk-api-client".into())
             .spawn(move || {
+                let _slot = slot;
                 serve_client(stream, &*control);
-                clients2.fetch_sub(1, Ordering::SeqCst);
             });
-        if spawned.is_err() {
+    }
+}
+
+/// A client's place among the [`MAX_CLIENTS`]: given back when dropped, however its
+/// connection ends (a panic included), so that no bug can use the places up.
+struct ClientSlot(Arc<AtomicUsize>);
+
+impl ClientSlot {
+    /// A place, if fewer than [`MAX_CLIENTS`] are taken.
+    fn take(clients: &Arc<AtomicUsize>) -> Option<ClientSlot> {
+        if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
             clients.fetch_sub(1, Ordering::SeqCst);
+            return None;
         }
+        Some(ClientSlot(clients.clone()))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -220,7 +242,15 @@ fn serve_client(stream: UnixStream, control: &dyn Control) {
         if line.trim().is_empty() {
             continue;
         }
-        let reply = handle_line(&line, control);
+        // A bug reached through a request ends this connection, with an answer that says so,
+        // and nothing else: the daemon's state is under locks that survive a panic.
+        let handled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle_line(&line, control)));
+        let Ok(reply) = handled else {
+            tracing::error!("handling a management API request panicked; closing that connection");
+            let _ = reply_line(&stream, &error_reply(request_id(&line), RpcError::Internal));
+            return;
+        };
         if let Some(r) = reply {
             if reply_line(&stream, &r).is_err() {
                 return;
@@ -267,6 +297,15 @@ fn read_line<R: BufRead>(r: &mut R) -> io::Result<Option<Line>> {
         return Ok(Some(Line::TooLong));
     }
     Ok(Some(Line::Text(String::from_utf8_lossy(&buf).into_owned())))
+}
+
+/// The id of the request on `line`, if it is one (null otherwise, as for a line that cannot
+/// be read).
+fn request_id(line: &str) -> Value {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v.get("id").cloned())
+        .unwrap_or(Value::Null)
 }
 
 fn error_reply(id: Value, e: RpcError) -> Value {
@@ -503,6 +542,11 @@ fn call(
             control.inject_fault(&id, thread, fault)?;
             Ok(json!({"id": id, "thread": thread, "injected": true}))
         }
+        #[cfg(debug_assertions)]
+        "debug_panic" => {
+            only(&params, method, &[])?;
+            panic!("debug_panic: a test's panic on a management API thread");
+        }
         "version" => {
             only(&params, method, &[])?;
             Ok(json!({"name": "mqblk", "version": env!("CARGO_PKG_VERSION")}))
@@ -606,6 +650,27 @@ mod tests {
             self.faults.lock().unwrap().push((id.into(), thread, fault));
             Ok(())
         }
+    }
+
+    #[test]
+    fn client_places_are_given_back_however_a_client_ends() {
+        let clients = Arc::new(AtomicUsize::new(0));
+        let mut held: Vec<ClientSlot> = (0..MAX_CLIENTS)
+            .map(|_| ClientSlot::take(&clients).expect("a place"))
+            .collect();
+        assert!(ClientSlot::take(&clients).is_none(), "one place too many");
+        held.pop();
+        let again = ClientSlot::take(&clients).expect("the place given back");
+        // A client thread that panics drops its place as it unwinds.
+        let r = std::thread::spawn(move || {
+            let _slot = again;
+            panic!("a client's bug");
+        })
+        .join();
+        assert!(r.is_err());
+        assert_eq!(clients.load(Ordering::SeqCst), MAX_CLIENTS - 1);
+        drop(held);
+        assert_eq!(clients.load(Ordering::SeqCst), 0);
     }
 
     #[cfg(debug_assertions)]
