@@ -1472,3 +1472,77 @@ fn a_full_filesystem_fails_only_the_writes_into_new_clusters() {
         &format!("read -P 0xee {} 4k", written[0] * CLUSTER + 8192),
     );
 }
+
+/// A backing chain is followed by imago by recursion, a stack frame or more per image (when a
+/// queue starts, and in reads through the chain), and a stack overflow aborts the whole
+/// daemon: served to a frontend, a chain of 500 images did so in a debug build and one of
+/// 2,000 in a release build. A chain of `MAX_CHAIN` images (a raw base under 126 qemu-img
+/// overlays) is served, in the debug build the tests run: the base's bytes read through every
+/// overlay, and a write into a new cluster of the top copies the rest of it from the base
+/// (imago reads it through the whole chain) and reads back. One more overlay is refused at
+/// start in one line naming it and the remedy.
+#[test]
+fn a_chain_of_max_chain_images_is_served_and_a_deeper_one_refused() {
+    const MAX_CHAIN: usize = mqblk::format::qcow2::MAX_CHAIN;
+    let dir = TestDir::new();
+    let base = base_image(&dir, "raw");
+    let mut below = base.file_name().unwrap().to_string_lossy().to_string();
+    let mut format = "raw";
+    for i in 1..=MAX_CHAIN {
+        let name = format!("layer{i}.qcow2");
+        // -u: qemu-img records the backing file without opening the chain under it.
+        qemu_img_ok(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            &below,
+            "-F",
+            format,
+            &dir.join(&name).display().to_string(),
+            &SIZE.to_string(),
+        ]);
+        below = name;
+        format = "qcow2";
+    }
+    let deepest = dir.join(&format!("layer{}.qcow2", MAX_CHAIN - 1));
+    let too_deep = dir.join(&format!("layer{MAX_CHAIN}.qcow2"));
+
+    let (mut d, mut c) = serve_one_queue(&dir, &deepest, None);
+    let expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
+    for off in [0, SIZE / 2, SIZE - CLUSTER] {
+        let got = c.read_vec(0, off, CLUSTER as usize).expect("read");
+        assert_bytes_eq(
+            &got,
+            &expected[off as usize..(off + CLUSTER) as usize],
+            off,
+            "the base read through the chain",
+        );
+    }
+    let off = 5 * CLUSTER;
+    let block = vec![0x5au8; 4096];
+    c.write(0, off + 8192, &block)
+        .expect("a write into a new cluster");
+    let mut cluster = expected[off as usize..(off + CLUSTER) as usize].to_vec();
+    cluster[8192..8192 + 4096].copy_from_slice(&block);
+    let got = c.read_vec(0, off, CLUSTER as usize).expect("read back");
+    assert_bytes_eq(&got, &cluster, off, "the written cluster");
+    drop(c);
+    d.stop();
+
+    let sock = dir.join("deep.sock").display().to_string();
+    let e = serve_fails(
+        &export_arg(format!(
+            "socket={sock},path={},format=qcow2",
+            too_deep.display()
+        )),
+        Duration::from_secs(10),
+    );
+    assert!(
+        e.contains(&too_deep.display().to_string())
+            && e.contains(&format!("more than {MAX_CHAIN} images"))
+            && e.contains("qemu-img commit"),
+        "{e}"
+    );
+}

@@ -13,6 +13,8 @@
 //! than the cache has one slot per cluster and nothing is ever evicted; a larger one evicts on
 //! collision. No allocation or lock after it is built.
 
+use crate::format::qcow2::MAX_CHAIN;
+
 /// Where a run of guest clusters is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -30,9 +32,10 @@ pub enum Target {
     Zeros,
 }
 
-/// The most images of a chain whose clusters can be held (deeper ones take the metadata
-/// path).
+/// The deepest layer whose clusters can be held: every chain mqblk opens, whose images are at
+/// most [`MAX_CHAIN`] (a deeper layer would take the metadata path).
 pub const MAX_LAYERS: u8 = 126;
+const _: () = assert!(MAX_CHAIN <= MAX_LAYERS as usize + 1);
 
 /// A slot's value: bit 63 writable, bits 56..63 the layer (`ZERO_LAYER`: zeros), bits 0..56
 /// the file offset.

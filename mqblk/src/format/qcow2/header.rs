@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::Qcow2Error;
+use super::{Qcow2Error, MAX_CHAIN};
 use crate::config::qcow2::BackingFormat;
 
 /// "QFI\xfb".
@@ -274,7 +274,8 @@ pub struct Layer {
 /// The chain under the qcow2 image `top`, `top` first: each backing file resolved as QEMU does
 /// (a relative name is relative to the directory of the image that records it), each format
 /// as recorded or, where an old image records none, by the magic (as QEMU probes it then).
-/// A missing backing file, a name that is not a plain path, and a loop are refused.
+/// A missing backing file, a name that is not a plain path, a loop and a chain of more than
+/// [`MAX_CHAIN`] images are refused.
 pub fn chain(top: &Path) -> Result<Vec<Layer>, Qcow2Error> {
     let mut layers = Vec::new();
     walk(top, &mut layers).map(|()| layers)
@@ -322,6 +323,9 @@ fn walk(top: &Path, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
                 image,
                 backing: path.display().to_string(),
             });
+        }
+        if layers.len() == MAX_CHAIN {
+            return Err(Qcow2Error::ChainTooDeep(top.display().to_string()));
         }
         if !seen.insert(canonical(&path)?) {
             let mut links: Vec<String> = layers
@@ -482,6 +486,32 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("does not start with a qcow2 header"), "{e}");
+    }
+
+    #[test]
+    fn a_chain_of_more_than_max_chain_images_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("0.raw"), vec![0u8; 4096]).unwrap();
+        // Image i (a qcow2 image) over image i - 1; image 0 is raw.
+        for i in 1..=MAX_CHAIN {
+            let (below, format) = match i - 1 {
+                0 => ("0.raw".to_string(), "raw"),
+                b => (format!("{b}.qcow2"), "qcow2"),
+            };
+            let header = v3(4096, 0, Some((below.as_str(), Some(format))));
+            std::fs::write(d.join(format!("{i}.qcow2")), header).unwrap();
+        }
+        let deepest = d.join(format!("{}.qcow2", MAX_CHAIN - 1));
+        assert_eq!(chain(&deepest).unwrap().len(), MAX_CHAIN);
+        let too_deep = d.join(format!("{MAX_CHAIN}.qcow2"));
+        let e = chain(&too_deep).unwrap_err().to_string();
+        assert!(
+            e.contains(&too_deep.display().to_string())
+                && e.contains(&format!("more than {MAX_CHAIN} images"))
+                && e.contains("qemu-img commit"),
+            "{e}"
+        );
     }
 
     #[test]

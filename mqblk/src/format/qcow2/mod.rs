@@ -7,6 +7,15 @@ pub mod header;
 
 use std::io;
 
+/// The most images a backing chain may hold, the top included. imago follows a chain by
+/// recursion, a stack frame or more per image: when a queue starts (its cache invalidation,
+/// from the vhost-user thread) and in reads through backing images (on the metadata worker).
+/// Served to a frontend, a chain of 500 images overflowed a debug build's 2 MiB thread stack
+/// and one of 2,000 a release build's (2026-11-27), and a stack overflow aborts the whole
+/// daemon; 200 and 1,000 were served. 127 is also what each I/O thread's cluster cache can
+/// name ([`engine::qcow2`](../../engine/qcow2/index.html)'s mapping, 7 bits of layer).
+pub const MAX_CHAIN: usize = 127;
+
 /// Why a qcow2 image cannot be served. Each message is one line for the operator.
 #[derive(Debug, thiserror::Error)]
 pub enum Qcow2Error {
@@ -48,6 +57,9 @@ pub enum Qcow2Error {
     /// A backing chain that comes back to itself.
     #[error("the backing chain loops: {0}")]
     BackingLoop(String),
+    /// A backing chain of more than [`MAX_CHAIN`] images.
+    #[error("the backing chain of {0} holds more than {MAX_CHAIN} images: shorten it with `qemu-img commit` or `qemu-img rebase` first")]
+    ChainTooDeep(String),
     /// A backing file name that is a protocol or JSON description.
     #[error("the backing file of {image} is {backing:?}, which is not a path mqblk can open")]
     BackingNotAPath {
