@@ -22,6 +22,14 @@
 //! the worker's stack and ended the daemon at the guest's first write. So it is an error
 //! here, and the export's queues do not start (`qemu-img check -r all` mends the image).
 //!
+//! Two refcount table entries that point at one refcount block are refused too: the block's
+//! counts would stand for two ranges of clusters at once (`qemu-img check`: "refcount block
+//! N refcount=2"). It is also how a small crafted file could count clusters in use by the
+//! billion (one full block named by every entry of its table), which imago's allocator walks
+//! one at a time at the first write, holding the worker for minutes. With every block a
+//! cluster of its own in the file, what the allocator can be made to walk grows with the
+//! file's size instead: at most the file's bytes times 8 / 2^refcount_order clusters.
+//!
 //! Why a covered header is what bounds that recursion (imago 0.2.6, `qcow2/allocation.rs`):
 //! for a range with no refcount block, the allocator looks for a cluster for one from its
 //! first free cluster up to the range's first cluster, and failing that places the block at
@@ -76,7 +84,8 @@ fn entries(table: &[u8]) -> impl Iterator<Item = u64> + '_ {
 /// Counts 1 every L2 table and refcount block of the image (`tables`) that is counted 0,
 /// reading refcount blocks with `read(offset, len)` and writing them back whole with
 /// `write(offset, bytes)`. Returns the tables' offsets it counted again; an error
-/// (`InvalidData`) where a table or the header is covered by no refcount block.
+/// (`InvalidData`) where a table or the header is covered by no refcount block, or where two
+/// refcount table entries point at one block.
 pub fn repair(
     tables: &Tables,
     file_size: u64,
@@ -94,6 +103,18 @@ pub fn repair(
     // log2 of the entries of a refcount block.
     let rb_bits = cluster_bits + 3 - header.refcount_order;
     let refblocks: Vec<u64> = table_entries(reftable).collect();
+    let mut distinct: Vec<u64> = entries(reftable).collect();
+    distinct.sort_unstable();
+    if let Some(shared) = distinct.windows(2).find(|w| w[0] == w[1]) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the image is corrupt: two refcount table entries point at the refcount block \
+                 at offset {}; run `qemu-img check -r all` on it",
+                shared[0]
+            ),
+        ));
+    }
     // The L2 tables and refcount blocks, and the clusters of the L1 and refcount tables
     // themselves (a grown table is as exposed as a new L2 table).
     let spans = |offset: u64, len: u64| {
@@ -246,6 +267,21 @@ mod tests {
         let e = repair(&uncovered, 8 * C, read, write).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains("the header at offset 0"), "{e}");
+        assert_eq!(*writes.borrow(), 1, "nothing written");
+        // Two refcount table entries for one block: corrupt, refused.
+        let mut shared = reftable.clone();
+        shared[8..16].copy_from_slice(&reftable[0..8]);
+        let two = Tables {
+            reftable: &shared,
+            ..tables
+        };
+        let e = repair(&two, 8 * C, read, write).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(
+            e.to_string()
+                .contains(&format!("point at the refcount block at offset {}", 2 * C)),
+            "{e}"
+        );
         assert_eq!(*writes.borrow(), 1, "nothing written");
     }
 }
