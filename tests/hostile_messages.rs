@@ -369,11 +369,7 @@ fn malformed_messages_close_only_that_connection() {
     // the hostile export (so that every earlier connection of it has been torn down), before
     // and after.
     by.wait_serving();
-    let fds_held = |daemon: &Daemon| {
-        let _probe = probe(&sock, &hostile_client_options());
-        fd_count(daemon.pid())
-    };
-    let fds_before = fds_held(&daemon);
+    let fds_before = fds_held(&daemon, &sock);
 
     let cases: Vec<(&str, Misbehaviour)> = vec![
         ("garbage bytes", mis_garbage),
@@ -482,7 +478,7 @@ fn malformed_messages_close_only_that_connection() {
     }
     fresh_client_works(&sock).expect("client after the queue-size mismatch");
 
-    let fds_after = fds_held(&daemon);
+    let fds_after = fds_held(&daemon, &sock);
     eprintln!("daemon fds: {fds_before} before, {fds_after} after");
     if fds_after != fds_before {
         failures.push(format!(
@@ -503,9 +499,9 @@ fn malformed_messages_close_only_that_connection() {
 
 /// A bug that some message reaches ends that message's connection only. A debug build's test
 /// hook (`frontend/test_hooks.rs`, `MQBLK_TEST_ONLY_PANIC_AFTER_START`) panics the session at
-/// the message that starts the second queue (SET_VRING_ENABLE, from libblkio), with the first queue's I/O thread already
-/// serving it: the listener catches the panic, closes that connection and resets its session
-/// as for any disconnect (`daemon/listener.rs`). Then a new frontend is served on both queues,
+/// the message that starts the second queue (SET_VRING_ENABLE, from libblkio), with the first
+/// queue's I/O thread already serving it: the listener catches the panic, closes that
+/// connection and resets its session as for any disconnect (`daemon/listener.rs`). Then a new frontend is served on both queues,
 /// the daemon holds the descriptors it held before, and the export beside it saw no error.
 #[test]
 fn a_panic_while_a_message_is_handled_closes_that_connection_only() {
@@ -517,13 +513,8 @@ fn a_panic_while_a_message_is_handled_closes_that_connection_only() {
         start_daemon_env(&dir, &[("MQBLK_TEST_ONLY_PANIC_AFTER_START", "1")]);
     let by = Bystander::start(by_sock, IMG_SIZE);
     by.wait_serving();
-    // Counted with a probe holding the export, as in the test above; a 1-queue probe never
-    // starts queue 1, so it does not set the panic off.
-    let fds_held = |daemon: &Daemon| {
-        let _probe = probe(&sock, &hostile_client_options());
-        fd_count(daemon.pid())
-    };
-    let fds_before = fds_held(&daemon);
+    // A 1-queue probe (`fds_held`) never starts queue 1, so it does not set the panic off.
+    let fds_before = fds_held(&daemon, &sock);
 
     let mut two_queues = ConnectOptions::new(2);
     two_queues.queue_size = Some(64);
@@ -575,7 +566,7 @@ fn a_panic_while_a_message_is_handled_closes_that_connection_only() {
     }
     drop(c);
 
-    let fds_after = fds_held(&daemon);
+    let fds_after = fds_held(&daemon, &sock);
     assert_eq!(
         fds_after, fds_before,
         "daemon descriptors: {fds_before} before the panic, {fds_after} after"

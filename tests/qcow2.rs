@@ -1214,19 +1214,7 @@ fn a_panic_of_the_metadata_worker_fails_its_export_only_and_the_image_keeps_what
 #[test]
 fn an_image_whose_metadata_no_refcount_block_covers_does_not_start_and_the_daemon_serves_on() {
     let dir = TestDir::new();
-    let emptied = dir.join("emptied.qcow2");
-    let name = emptied.display().to_string();
-    qemu_img_ok(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=512",
-        &name,
-        "1M",
-    ]);
-    qemu_io_ok(&emptied, "write -P 0x5a 0 4k");
+    let emptied = small_written_image(&dir, "emptied.qcow2");
     write_at(&emptied, be64_at(&emptied, 48), &[0; 8]);
     let found = dir.join("found.qcow2");
     let seed = concat!(
@@ -1247,20 +1235,8 @@ fn an_image_whose_metadata_no_refcount_block_covers_does_not_start_and_the_daemo
 #[test]
 fn an_image_whose_refcount_table_names_one_block_twice_does_not_start() {
     let dir = TestDir::new();
-    let img = dir.join("shared.qcow2");
+    let img = small_written_image(&dir, "shared.qcow2");
     let name = img.display().to_string();
-    // 512-byte clusters: a refcount block covers 128 KiB, so a 1 MiB image has 8 ranges.
-    qemu_img_ok(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-o",
-        "cluster_size=512",
-        &name,
-        "1M",
-    ]);
-    qemu_io_ok(&img, "write -P 0x5a 0 4k");
     let reftable = be64_at(&img, 48);
     let first = be64_at(&img, reftable);
     write_at(&img, reftable + 8, &first.to_be_bytes());
@@ -1277,6 +1253,25 @@ fn an_image_whose_refcount_table_names_one_block_twice_does_not_start() {
         &img,
         "two refcount table entries point at the refcount block",
     );
+}
+
+/// A 1 MiB qcow2 image `name` in `dir` with 512-byte clusters (a refcount block then covers
+/// 128 KiB: the image has 8 ranges of them), its first 4 KiB written by qemu-io: what the
+/// tests of corrupt refcount tables patch by hand.
+fn small_written_image(dir: &TestDir, name: &str) -> PathBuf {
+    let img = dir.join(name);
+    qemu_img_ok(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "cluster_size=512",
+        &img.display().to_string(),
+        "1M",
+    ]);
+    qemu_io_ok(&img, "write -P 0x5a 0 4k");
+    img
 }
 
 /// Serves `img`, which mqblk must refuse when its queue starts (`why` in the log), beside a

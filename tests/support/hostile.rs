@@ -117,6 +117,13 @@ pub fn assert_alive(daemon: &mut Daemon, after: &str) {
     }
 }
 
+/// The descriptors the daemon holds, counted while a probe holds the export at `socket`: by
+/// then every earlier connection of it has been torn down (`support::daemon::probe`).
+pub fn fds_held(daemon: &Daemon, socket: &Path) -> usize {
+    let _probe = probe(socket, &hostile_client_options());
+    fd_count(daemon.pid())
+}
+
 /// How a libblkio client connects to the `hostile` export: its queue-size is 64, and libblkio
 /// asks for 256 unless told.
 pub fn hostile_client_options() -> ConnectOptions {
