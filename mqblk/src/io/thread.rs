@@ -355,6 +355,10 @@ impl IoThread {
         loop {
             self.ring.run_task_work(&mut self.counters);
             if self.ring.has_completions() || self.any_avail() {
+                // A completion caught while waiting for the engine is a hit for the window
+                // too: its rule is whether polling found work. Counted a miss, it would push
+                // the window toward zero where the disk is slower than the window, and a thread
+                // whose window is zero neither polls nor waits.
                 self.counters.poll_hits += 1;
                 self.poll.on_poll_hit();
                 if waiting_for_engine {
