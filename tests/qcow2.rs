@@ -1255,6 +1255,87 @@ fn an_image_whose_refcount_table_names_one_block_twice_does_not_start() {
     );
 }
 
+/// Growing a qcow2 image allocates (a new L1 table), and an export is as often resized
+/// before its frontend connects as after: before any ring's start has mended the image. On an
+/// image whose header no refcount block covers, `export_resize` sent imago's allocator into
+/// the recursion above, on the API thread: it wrote a refcount block over the image's header,
+/// then overflowed the thread's stack and ended the daemon. A resize now mends the image
+/// first, as a ring's start does: refused with the same one line, before a frontend connects
+/// and after its queue was refused; the file is untouched and the daemon serves on.
+#[test]
+fn resizing_an_image_whose_header_no_refcount_block_covers_is_refused() {
+    let dir = TestDir::new();
+    let img = small_written_image(&dir, "emptied.qcow2");
+    write_at(&img, be64_at(&img, 48), &[0; 8]);
+    let before = std::fs::read(&img).unwrap();
+    let (sock, other_sock) = (dir.join("bad.sock"), dir.join("other.sock"));
+    let exports = [
+        Export::file(&sock, &img)
+            .queues(1)
+            .set("format", "qcow2")
+            .set("id", "bad")
+            .direct(false),
+        Export::null(&other_sock, 1 << 20).queues(1),
+    ];
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &exports);
+    let refused = |api: &mut support::api::Api| {
+        let e = api
+            .call(
+                "export_resize",
+                serde_json::json!({"id": "bad", "size": "2M"}),
+            )
+            .expect_err("the resize must be refused");
+        assert!(
+            e.1.contains("counted by no refcount block") && e.1.contains("qemu-img check -r all"),
+            "{e:?}"
+        );
+    };
+    refused(&mut api);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.set_timeout(Duration::from_secs(2));
+    assert!(
+        c.write(0, 0, &[0xa5; 4096]).is_err(),
+        "the queue must not start"
+    );
+    refused(&mut api);
+    assert_the_daemon_serves_on(&mut d, &other_sock);
+    drop(c);
+    d.stop();
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "the image was written"
+    );
+}
+
+/// A resize before the frontend connects allocates before any ring's start has mended the
+/// image, so it mends it first: the L1 table it grows must not land on an L2 table that a
+/// crash left counted free (the damage of
+/// `a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allocated`).
+#[test]
+fn a_resize_before_any_ring_starts_mends_the_tables_first() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
+    qemu_io_ok(&img, "write -P 0x5a 0 4k");
+    let (l2, refblock) = first_tables(&img);
+    write_at(&img, refblock + 2 * (l2 / CLUSTER), &[0, 0]);
+    let export = Export::file(dir.join("s.sock"), &img)
+        .set("format", "qcow2")
+        .set("id", "vm");
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+    let grown = 1u64 << 30;
+    let status = api.ok(
+        "export_resize",
+        serde_json::json!({"id": "vm", "size": grown}),
+    );
+    assert_eq!(status["capacity"], grown, "{status}");
+    d.stop();
+    assert_checks_clean(&img, false);
+    qemu_io_ok(&img, "read -P 0x5a 0 4k");
+    assert!(d.log().contains("counted in use again"), "{}", d.log());
+}
+
 /// A 1 MiB qcow2 image `name` in `dir` with 512-byte clusters (a refcount block then covers
 /// 128 KiB: the image has 8 ranges of them), its first 4 KiB written by qemu-io: what the
 /// tests of corrupt refcount tables patch by hand.

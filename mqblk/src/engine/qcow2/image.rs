@@ -96,6 +96,10 @@ pub struct Image {
     pub tables: Option<TableIo>,
     /// Set once the image is given up ([`Image::give_up`]).
     given_up: AtomicBool,
+    /// Set once [`Image::mend_tables`] has succeeded: until then nothing may allocate in the
+    /// image (imago would hand out a table a crash left counted free, or, on an image whose
+    /// header no refcount block covers, recurse until its thread's stack overflows).
+    mended: AtomicBool,
     /// Where a give-up is reported: the export's, shared by every image its engine opens.
     pub failure_report: Arc<OnceLock<FailureReport>>,
 }
@@ -177,7 +181,15 @@ impl Image {
                  counted in use again"
             );
         }
-        tables.reload(order)
+        tables.reload(order)?;
+        self.mended.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether [`mend_tables`](Self::mend_tables) has succeeded on this image (a read-only
+    /// image needs no mending), so that imago may allocate in it.
+    pub fn mended(&self) -> bool {
+        self.write_order.is_none() || self.mended.load(Ordering::Acquire)
     }
 
     /// Whether every metadata-path write so far has its metadata on stable storage: only then
@@ -400,6 +412,7 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenErro
         write_order,
         tables,
         given_up: AtomicBool::new(false),
+        mended: AtomicBool::new(false),
         failure_report: Arc::default(),
     })
 }

@@ -93,6 +93,9 @@ pub struct Qcow2Engine {
     worker_name: String,
     /// Where its images report being given up (set by the export).
     failure_report: Arc<OnceLock<FailureReport>>,
+    /// Held by `refresh`, `resize` and `snapshot`, which come from different threads (a ring
+    /// starting, the API) and must not drop imago's caches while another allocates.
+    control: Mutex<()>,
 }
 
 /// Opens (or creates, with `size=` or `backing=`) the qcow2 image of `cfg`.
@@ -155,6 +158,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         direct: cfg.direct,
         worker_name,
         failure_report,
+        control: Mutex::new(()),
     })
 }
 
@@ -174,6 +178,27 @@ impl Qcow2Engine {
 
     fn image(&self) -> Arc<Image> {
         self.top().image.clone()
+    }
+
+    fn control(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What [`Engine::refresh`] does, with `control` held: our own metadata written back
+    /// first (none is dirty unless this backend wrote since its last flush, which a
+    /// migration's switch-over includes), the image's tables mended, then everything imago
+    /// caches dropped and the mutable header fields read again.
+    fn refresh_image(image: &Image) -> io::Result<()> {
+        block_on(image.access.flush())?;
+        // Before imago reads a refcount again, and allocates.
+        image.mend_tables()?;
+        // SAFETY: no request is in flight (the contract of `refresh`, and of `resize` while
+        // the image is not mended: no ring starts before it is), so neither imago nor any
+        // thread holds a mapping; the on-disk state is consistent (just flushed here, or by
+        // the backend that changed it).
+        block_on(unsafe { image.access.invalidate_cache() })?;
+        metadata::invalidate(image, 0, u64::MAX / 2);
+        Ok(())
     }
 
     /// The snapshot itself (see [`Engine::snapshot`]): the top made durable, a new overlay
@@ -202,6 +227,10 @@ impl Qcow2Engine {
         image::create(overlay, Some(old.access.size()), &cfg)?;
         let opened = image::open(overlay, false, self.direct).and_then(|mut new| {
             new.failure_report = self.failure_report.clone();
+            // Made just now, by imago, and not yet allocated in: what a ring's start would
+            // do before the guest's requests reach it (see `Image::mended`).
+            new.mend_tables()
+                .map_err(io("cannot check the tables of", overlay))?;
             let new = Arc::new(new);
             let jobs = start_worker(&new, &self.worker_name, overlay)?;
             Ok((new, jobs))
@@ -288,6 +317,16 @@ impl Engine for Qcow2Engine {
             None => Err(ResizeError::SizeNeeded("qcow2")),
             Some(s) if s < actual => Err(ResizeError::Shrink { actual }),
             Some(s) => {
+                let _control = self.control();
+                if !image.mended() {
+                    // Growing allocates (a new L1 table), and until a ring has started no
+                    // one has mended the image: an export resized before its frontend
+                    // connects, or one whose tables were refused then, which this refuses
+                    // again. (A header no refcount block covers once sent imago's allocator
+                    // into a recursion that overflowed the API thread's stack, ending the
+                    // daemon, after it had written a refcount block over the header.)
+                    Self::refresh_image(&image)?;
+                }
                 block_on(
                     image
                         .access
@@ -307,25 +346,15 @@ impl Engine for Qcow2Engine {
     }
 
     fn refresh(&self) -> io::Result<()> {
-        // Our own metadata first (none is dirty unless this backend wrote since its last
-        // flush, which a migration's switch-over includes), then everything imago caches
-        // is dropped and the mutable header fields re-read.
-        let image = self.image();
-        block_on(image.access.flush())?;
-        // Before imago reads a refcount again, and allocates.
-        image.mend_tables()?;
-        // SAFETY: no request is in flight (the contract of `refresh`), so neither imago nor
-        // any thread holds a mapping; the on-disk state is consistent (just flushed here, or
-        // by the backend that changed it).
-        block_on(unsafe { image.access.invalidate_cache() })?;
-        metadata::invalidate(&image, 0, u64::MAX / 2);
-        Ok(())
+        let _control = self.control();
+        Self::refresh_image(&self.image())
     }
 
     fn snapshot(&self, overlay: &Path) -> Result<(), SnapshotError> {
         if !self.writable {
             return Err(SnapshotError::ReadOnly);
         }
+        let _control = self.control();
         Ok(self.take_snapshot(overlay)?)
     }
 
