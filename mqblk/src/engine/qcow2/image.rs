@@ -77,8 +77,9 @@ pub struct Image {
     pub written_back: futures::lock::Mutex<u64>,
     /// Guest clusters a metadata-path write is working on ([`cow`](super::cow)).
     pub cow_locks: ClusterLocks,
-    /// Held shared by every metadata-path write, exclusively by zeroing: a write that read a
-    /// cluster's rest before a zeroing must not write it back after.
+    /// Held shared by every metadata-path read and write, exclusively by zeroing: a write that
+    /// read a cluster's rest before a zeroing must not write it back after, and a read must
+    /// not see a compressed cluster it reads zeroed under it (`metadata::perform`).
     pub zeroing: tokio::sync::RwLock<()>,
     /// Mappings made and not yet written back ([`unpersisted`](super::unpersisted)).
     pub unpersisted: Unpersisted,

@@ -540,6 +540,10 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
         Work::Read { offset, iovs } => {
             // SAFETY: the iovecs are valid until the reply (`IoVecs`); a read writes into them.
             let (bufs, len) = unsafe { slices(iovs) };
+            // No zeroing meanwhile: one that zeroes a compressed cluster this read is reading
+            // changes its mapping under imago, which then reads the rest of the request again
+            // from inside itself, one level deeper for each such cluster.
+            let _zeroing = image.zeroing.read().await;
             // A new cluster may be mapped before its data is written (`early_maps`): its
             // write holds it until then.
             let _clusters = image
