@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{Qcow2Error, MAX_CHAIN};
+use super::{Qcow2Error, IMAGO_CACHED_L2_TABLES, MAX_CHAIN, MAX_CHAIN_TABLES_BYTES};
 use crate::config::qcow2::BackingFormat;
 
 /// "QFI\xfb".
@@ -274,8 +274,9 @@ pub struct Layer {
 /// The chain under the qcow2 image `top`, `top` first: each backing file resolved as QEMU does
 /// (a relative name is relative to the directory of the image that records it), each format
 /// as recorded or, where an old image records none, by the magic (as QEMU probes it then).
-/// A missing backing file, a name that is not a plain path, a loop and a chain of more than
-/// [`MAX_CHAIN`] images are refused.
+/// A missing backing file, a name that is not a plain path, a loop, a chain of more than
+/// [`MAX_CHAIN`] images and one whose tables could take more than [`MAX_CHAIN_TABLES_BYTES`]
+/// are refused.
 pub fn chain(top: &Path) -> Result<Vec<Layer>, Qcow2Error> {
     let mut layers = Vec::new();
     walk(top, &mut layers).map(|()| layers)
@@ -298,12 +299,21 @@ fn walk(top: &Path, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
     });
     let mut seen = HashSet::new();
     seen.insert(canonical(top)?);
+    let mut tables_bytes = 0u64;
     loop {
         let current = layers.last().expect("the top is there");
         if current.format == BackingFormat::Raw {
             return Ok(());
         }
         let header = parse(&current.path, &read_head(&current.path)?)?;
+        tables_bytes +=
+            8 * u64::from(header.l1_entries) + (IMAGO_CACHED_L2_TABLES << header.cluster_bits);
+        if tables_bytes > MAX_CHAIN_TABLES_BYTES {
+            return Err(Qcow2Error::ChainTablesTooLarge {
+                image: top.display().to_string(),
+                mib: tables_bytes.div_ceil(1 << 20),
+            });
+        }
         let Some(name) = header.backing else {
             return Ok(());
         };
@@ -512,6 +522,54 @@ mod tests {
                 && e.contains("qemu-img commit"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_chain_whose_tables_could_take_more_than_the_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("0.raw"), vec![0u8; 4096]).unwrap();
+        // 2 MiB clusters (256 MiB of L2 tables each) with the smallest L1 table: seven fit in
+        // 2 GiB, eight do not.
+        let big_clusters = |below: &str, format: &str| {
+            let mut h = v3(4096, 0, Some((below, Some(format))));
+            h[20..24].copy_from_slice(&21u32.to_be_bytes());
+            h
+        };
+        for i in 1..=8 {
+            let below = match i - 1 {
+                0 => ("0.raw".to_string(), "raw"),
+                b => (format!("{b}.qcow2"), "qcow2"),
+            };
+            std::fs::write(
+                d.join(format!("{i}.qcow2")),
+                big_clusters(&below.0, below.1),
+            )
+            .unwrap();
+        }
+        assert_eq!(chain(&d.join("7.qcow2")).unwrap().len(), 8);
+        let top = d.join("8.qcow2");
+        let e = chain(&top).unwrap_err().to_string();
+        assert!(
+            e.contains(&top.display().to_string())
+                && e.contains("2049 MiB")
+                && e.contains("more than mqblk's 2048 MiB")
+                && e.contains("qemu-img commit"),
+            "{e}"
+        );
+        // 64 tiny images each declaring the largest L1 table (32 MiB) over 64 KiB clusters.
+        for i in 1..=64 {
+            let below = match i - 1 {
+                0 => ("0.raw".to_string(), "raw"),
+                b => (format!("l{b}.qcow2"), "qcow2"),
+            };
+            let mut h = v3(4096, 0, Some((below.0.as_str(), Some(below.1))));
+            h[36..40].copy_from_slice(&(4u32 << 20).to_be_bytes());
+            std::fs::write(d.join(format!("l{i}.qcow2")), h).unwrap();
+        }
+        assert!(chain(&d.join("l51.qcow2")).is_ok());
+        let e = chain(&d.join("l52.qcow2")).unwrap_err().to_string();
+        assert!(e.contains("2080 MiB"), "{e}");
     }
 
     #[test]
