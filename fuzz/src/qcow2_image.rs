@@ -1,5 +1,6 @@
 //! A qcow2 image of arbitrary bytes, served as mqblk serves an export: its header checks
-//! (`mqblk::format::qcow2`) and imago's open of the image; for a writable one, what the daemon
+//! (`mqblk::format::qcow2`) and imago's open of the image; for a writable one, a resize by 1 MiB
+//! (an `export_resize` before any frontend connects), then what the daemon
 //! does before its first queue starts (`Engine::refresh`: imago's write-back, mqblk's own check
 //! and mending of the refcounts of the image's tables, imago's cache dropped); then a guest's
 //! reads (and, writable, a write, a discard and a flush) through a channel as an I/O thread
@@ -45,9 +46,14 @@ pub fn run(data: &[u8]) {
         );
         let cfg = mqblk::config::parse_export_spec(&spec).expect("a valid export spec");
         if let Ok(engine) = mqblk::engine::open(&cfg) {
+            let writable = readonly == "off";
+            if writable {
+                // An operator may grow an export before its frontend connects: growing
+                // allocates (a new L1 table) before any queue's start has checked the tables.
+                let _ = engine.resize(Some(engine.capacity().saturating_add(1 << 20)));
+            }
             // As the daemon does: a writable image's queues start only once `refresh` has
             // checked (and mended) its tables' refcounts.
-            let writable = readonly == "off";
             if !writable || engine.refresh().is_ok() {
                 serve(&*engine, writable);
             }
