@@ -354,6 +354,33 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
         "{e}"
     );
 
+    // Eight overlays of 2 MiB clusters: their tables could take 2049 MiB in imago (128 L2
+    // tables of 2 MiB each, and an L1 table each), more than a chain may.
+    let mut below = (p("base.raw"), "raw");
+    std::fs::write(&below.0, vec![0u8; 1 << 20]).unwrap();
+    for i in 1..=8 {
+        let overlay = p(&format!("big-clusters-{i}.qcow2"));
+        qemu_img_ok(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-o",
+            "cluster_size=2M",
+            "-b",
+            &below.0,
+            "-F",
+            below.1,
+            &overlay,
+            "16M",
+        ]);
+        below = (overlay, "qcow2");
+    }
+    let e = serve(&below.0);
+    assert!(
+        e.contains(&below.0) && e.contains("2049 MiB of tables") && e.contains("qemu-img commit"),
+        "{e}"
+    );
+
     let sized = make("sized.qcow2");
     let e = serve_fails(
         &export_arg(format!("socket={sock},path={sized},format=qcow2,size=32M")),
