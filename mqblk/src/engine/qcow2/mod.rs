@@ -311,13 +311,14 @@ impl Engine for Qcow2Engine {
     }
 
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
+        // Before the image is taken: a snapshot may be replacing it.
+        let _control = self.control();
         let image = self.image();
         let actual = image.access.size();
         match size {
             None => Err(ResizeError::SizeNeeded("qcow2")),
             Some(s) if s < actual => Err(ResizeError::Shrink { actual }),
             Some(s) => {
-                let _control = self.control();
                 if !image.mended() {
                     // Growing allocates (a new L1 table), and until a ring has started no
                     // one has mended the image: an export resized before its frontend
