@@ -377,7 +377,9 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
     }
     let e = serve(&below.0);
     assert!(
-        e.contains(&below.0) && e.contains("2049 MiB of tables") && e.contains("qemu-img commit"),
+        e.contains(&below.0)
+            && e.contains("at least 2049 MiB of tables")
+            && e.contains("qemu-img commit"),
         "{e}"
     );
 

@@ -78,11 +78,12 @@ pub enum Qcow2Error {
     #[error("the backing chain of {0} holds more than {MAX_CHAIN} images: shorten it with `qemu-img commit` or `qemu-img rebase` first")]
     ChainTooDeep(String),
     /// A backing chain whose tables could take more than [`MAX_CHAIN_TABLES_BYTES`] of memory.
-    #[error("the backing chain of {image} could hold {mib} MiB of tables in memory (each image's L1 table, and {IMAGO_CACHED_L2_TABLES} of its clusters), more than mqblk's {} MiB: shorten it with `qemu-img commit` or `qemu-img rebase`, or convert its images to smaller clusters", MAX_CHAIN_TABLES_BYTES >> 20)]
+    #[error("the backing chain of {image} could hold at least {mib} MiB of tables in memory (each image's L1 table, and {IMAGO_CACHED_L2_TABLES} of its clusters), more than mqblk's {} MiB: shorten it with `qemu-img commit` or `qemu-img rebase`, or convert its images to smaller clusters", MAX_CHAIN_TABLES_BYTES >> 20)]
     ChainTablesTooLarge {
         /// The top image.
         image: String,
-        /// What its tables could take, in MiB.
+        /// What its tables could take, in MiB, as far as the chain was followed (it stops
+        /// at the first image past the bound).
         mib: u64,
     },
     /// A backing file name that is a protocol or JSON description.
