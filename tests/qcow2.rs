@@ -382,6 +382,20 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
             && e.contains("qemu-img commit"),
         "{e}"
     );
+    // The bound is the export's: one such image is past 256M, and the key's range is checked.
+    let one = p("big-clusters-1.qcow2");
+    for (max, says) in [
+        ("256M", "more than table-memory-max=256M"),
+        ("1M", "from 16M to 1T"),
+    ] {
+        let e = serve_fails(
+            &export_arg(format!(
+                "socket={sock},path={one},format=qcow2,table-memory-max={max}"
+            )),
+            Duration::from_secs(10),
+        );
+        assert!(e.contains("table-memory-max") && e.contains(says), "{e}");
+    }
 
     let sized = make("sized.qcow2");
     let e = serve_fails(

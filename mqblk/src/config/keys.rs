@@ -316,6 +316,17 @@ const GENERAL: &[Key] = &[
         "from 8 bytes to 1G, with optional K/M/G suffix",
         "format=qcow2: cluster mapping each I/O thread keeps, in QEMU's measure (8 bytes per cluster; default 4M, which covers 32 GiB at 64 KiB clusters); requests on clusters it does not hold take the slower metadata path",
     ),
+    field_key!(
+        "table-memory-max",
+        "BYTES",
+        qcow2.table_memory_max,
+        |v| parse_size(v).filter(|n| {
+            (qcow2::TABLE_MEMORY_MAX_RANGE.0..=qcow2::TABLE_MEMORY_MAX_RANGE.1).contains(n)
+        }),
+        |n: &u64| Some(n.to_string()),
+        "from 16M to 1T, with optional K/M/G/T suffix",
+        "format=qcow2: the most memory the tables of the image and its backing chain may take in imago (each image's L1 table, and 128 of its clusters of L2 tables: 8 MiB an image at 64 KiB clusters, 256 MiB at 2 MiB); a chain that could take more is refused at start (default 2G)",
+    ),
     rbd_name_key!(
         "pool",
         pool,

@@ -51,6 +51,20 @@ pub const DEFAULT_L2_CACHE_SIZE: u64 = 4 << 20;
 /// The largest `l2-cache-size=` (1 GiB: 128 Ki clusters of mapping per MiB).
 pub const MAX_L2_CACHE_SIZE: u64 = 1 << 30;
 
+/// `table-memory-max=` unless given: the most memory the tables of an export's chain may take
+/// in imago ([`format::qcow2::IMAGO_CACHED_L2_TABLES`](crate::format::qcow2::IMAGO_CACHED_L2_TABLES)
+/// says what they are). Each image is bounded by its header's checks (an L1 table of at most
+/// 32 MiB, clusters of at most 2 MiB: 288 MiB), but a chain of `MAX_CHAIN` small files, each
+/// declaring the largest of both, could make imago hold 36 GiB once a guest's reads reach
+/// their tables: one image, often a tenant's upload, would take the host's memory from every
+/// other export. 2 GiB takes a chain of `MAX_CHAIN` images with 64 KiB clusters (8 MiB of L2
+/// tables each, 1 GiB in all), or 7 with 2 MiB clusters.
+pub const DEFAULT_TABLE_MEMORY_MAX: u64 = 2 << 30;
+
+/// The range of `table-memory-max=`: from what one image of 64 KiB clusters takes (8 MiB of L2
+/// tables and its L1 table) to 1 TiB.
+pub const TABLE_MEMORY_MAX_RANGE: (u64, u64) = (16 << 20, 1 << 40);
+
 /// The qcow2 settings of an export (`format=qcow2`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Qcow2Config {
@@ -62,6 +76,8 @@ pub struct Qcow2Config {
     pub cluster_size: u32,
     /// Bytes of cluster mapping each I/O thread caches (8 bytes per cluster).
     pub l2_cache_size: u64,
+    /// The most memory the tables of the image's chain may take in imago.
+    pub table_memory_max: u64,
 }
 
 impl Default for Qcow2Config {
@@ -71,12 +87,19 @@ impl Default for Qcow2Config {
             backing_format: None,
             cluster_size: DEFAULT_CLUSTER_SIZE,
             l2_cache_size: DEFAULT_L2_CACHE_SIZE,
+            table_memory_max: DEFAULT_TABLE_MEMORY_MAX,
         }
     }
 }
 
 /// The names of the keys that only `format=qcow2` takes.
-pub const KEYS: &[&str] = &["backing", "backing-format", "cluster-size", "l2-cache-size"];
+pub const KEYS: &[&str] = &[
+    "backing",
+    "backing-format",
+    "cluster-size",
+    "l2-cache-size",
+    "table-memory-max",
+];
 
 /// Whether `n` is a cluster size qcow2 allows.
 pub fn valid_cluster_size(n: u64) -> bool {

@@ -364,9 +364,14 @@ fn open_backing(
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain.
-pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<Image, OpenError> {
+pub fn open(
+    path: &Path,
+    readonly: bool,
+    direct: bool,
+    table_memory_max: u64,
+) -> Result<Image, OpenError> {
     let top = header::parse(path, &header::read_head(path)?)?;
-    let layers = header::chain(path)?;
+    let layers = header::chain(path, table_memory_max)?;
     let mut below = None;
     let mut backing_files = Vec::with_capacity(layers.len() - 1);
     for layer in layers[1..].iter().rev() {

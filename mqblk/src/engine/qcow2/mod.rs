@@ -87,6 +87,7 @@ pub struct Qcow2Engine {
     shared: Arc<Shared>,
     block_size: u32,
     l2_cache_size: u64,
+    table_memory_max: u64,
     writable: bool,
     direct: bool,
     /// Names the metadata worker's thread.
@@ -116,7 +117,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     } else {
         image::check_backing(path, &cfg.qcow2)?;
     }
-    let image = image::open(path, cfg.readonly, cfg.direct)?;
+    let image = image::open(path, cfg.readonly, cfg.direct, cfg.qcow2.table_memory_max)?;
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
@@ -154,6 +155,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         }),
         block_size,
         l2_cache_size: cfg.qcow2.l2_cache_size,
+        table_memory_max: cfg.qcow2.table_memory_max,
         writable: !cfg.readonly,
         direct: cfg.direct,
         worker_name,
@@ -223,18 +225,20 @@ impl Qcow2Engine {
             backing_format: Some(BackingFormat::Qcow2),
             cluster_size: 1 << old.cluster_bits,
             l2_cache_size: self.l2_cache_size,
+            table_memory_max: self.table_memory_max,
         };
         image::create(overlay, Some(old.access.size()), &cfg)?;
-        let opened = image::open(overlay, false, self.direct).and_then(|mut new| {
-            new.failure_report = self.failure_report.clone();
-            // Made just now, by imago, and not yet allocated in: what a ring's start would
-            // do before the guest's requests reach it (see `Image::mended`).
-            new.mend_tables()
-                .map_err(io("cannot check the tables of", overlay))?;
-            let new = Arc::new(new);
-            let jobs = start_worker(&new, &self.worker_name, overlay)?;
-            Ok((new, jobs))
-        });
+        let opened =
+            image::open(overlay, false, self.direct, self.table_memory_max).and_then(|mut new| {
+                new.failure_report = self.failure_report.clone();
+                // Made just now, by imago, and not yet allocated in: what a ring's start would
+                // do before the guest's requests reach it (see `Image::mended`).
+                new.mend_tables()
+                    .map_err(io("cannot check the tables of", overlay))?;
+                let new = Arc::new(new);
+                let jobs = start_worker(&new, &self.worker_name, overlay)?;
+                Ok((new, jobs))
+            });
         let (image, jobs) = match opened {
             Ok(o) => o,
             Err(e) => {

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use super::{Qcow2Error, IMAGO_CACHED_L2_TABLES, MAX_CHAIN, MAX_CHAIN_TABLES_BYTES};
+use super::{Qcow2Error, IMAGO_CACHED_L2_TABLES, MAX_CHAIN};
 use crate::config::qcow2::BackingFormat;
 
 /// "QFI\xfb".
@@ -275,24 +275,24 @@ pub struct Layer {
 /// (a relative name is relative to the directory of the image that records it), each format
 /// as recorded or, where an old image records none, by the magic (as QEMU probes it then).
 /// A missing backing file, a name that is not a plain path, a loop, a chain of more than
-/// [`MAX_CHAIN`] images and one whose tables could take more than [`MAX_CHAIN_TABLES_BYTES`]
-/// are refused.
-pub fn chain(top: &Path) -> Result<Vec<Layer>, Qcow2Error> {
+/// [`MAX_CHAIN`] images and one whose tables could take more than `table_memory_max` bytes in
+/// imago (each image's L1 table and [`IMAGO_CACHED_L2_TABLES`] of its clusters) are refused.
+pub fn chain(top: &Path, table_memory_max: u64) -> Result<Vec<Layer>, Qcow2Error> {
     let mut layers = Vec::new();
-    walk(top, &mut layers).map(|()| layers)
+    walk(top, table_memory_max, &mut layers).map(|()| layers)
 }
 
 /// The images of the chain under `top` (`top` first) as far as it can be followed: what a
 /// sandbox must let the daemon read for [`chain`] to say what is wrong with the rest.
 pub fn reachable(top: &Path) -> Vec<Layer> {
     let mut layers = Vec::new();
-    let _ = walk(top, &mut layers);
+    let _ = walk(top, u64::MAX, &mut layers);
     layers
 }
 
 /// Follows the chain under `top`, appending each image to `layers`, until its end or the first
 /// image that cannot be followed.
-fn walk(top: &Path, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
+fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
     layers.push(Layer {
         path: top.to_path_buf(),
         format: BackingFormat::Qcow2,
@@ -308,10 +308,11 @@ fn walk(top: &Path, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
         let header = parse(&current.path, &read_head(&current.path)?)?;
         tables_bytes +=
             8 * u64::from(header.l1_entries) + (IMAGO_CACHED_L2_TABLES << header.cluster_bits);
-        if tables_bytes > MAX_CHAIN_TABLES_BYTES {
+        if tables_bytes > table_memory_max {
             return Err(Qcow2Error::ChainTablesTooLarge {
                 image: top.display().to_string(),
                 mib: tables_bytes.div_ceil(1 << 20),
+                max_mib: table_memory_max >> 20,
             });
         }
         let Some(name) = header.backing else {
@@ -372,6 +373,7 @@ fn canonical(path: &Path) -> Result<PathBuf, Qcow2Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::qcow2::DEFAULT_TABLE_MEMORY_MAX;
 
     /// A version 3 header of `size` bytes with 64 KiB clusters, `incompat` bits, and an
     /// optional backing file (name, format extension).
@@ -513,9 +515,14 @@ mod tests {
             std::fs::write(d.join(format!("{i}.qcow2")), header).unwrap();
         }
         let deepest = d.join(format!("{}.qcow2", MAX_CHAIN - 1));
-        assert_eq!(chain(&deepest).unwrap().len(), MAX_CHAIN);
+        assert_eq!(
+            chain(&deepest, DEFAULT_TABLE_MEMORY_MAX).unwrap().len(),
+            MAX_CHAIN
+        );
         let too_deep = d.join(format!("{MAX_CHAIN}.qcow2"));
-        let e = chain(&too_deep).unwrap_err().to_string();
+        let e = chain(&too_deep, DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains(&too_deep.display().to_string())
                 && e.contains(&format!("more than {MAX_CHAIN} images"))
@@ -547,13 +554,20 @@ mod tests {
             )
             .unwrap();
         }
-        assert_eq!(chain(&d.join("7.qcow2")).unwrap().len(), 8);
+        assert_eq!(
+            chain(&d.join("7.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+                .unwrap()
+                .len(),
+            8
+        );
         let top = d.join("8.qcow2");
-        let e = chain(&top).unwrap_err().to_string();
+        let e = chain(&top, DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains(&top.display().to_string())
                 && e.contains("2049 MiB")
-                && e.contains("more than mqblk's 2048 MiB")
+                && e.contains("more than table-memory-max=2048M")
                 && e.contains("qemu-img commit"),
             "{e}"
         );
@@ -567,9 +581,15 @@ mod tests {
             h[36..40].copy_from_slice(&(4u32 << 20).to_be_bytes());
             std::fs::write(d.join(format!("l{i}.qcow2")), h).unwrap();
         }
-        assert!(chain(&d.join("l51.qcow2")).is_ok());
-        let e = chain(&d.join("l52.qcow2")).unwrap_err().to_string();
+        assert!(chain(&d.join("l51.qcow2"), DEFAULT_TABLE_MEMORY_MAX).is_ok());
+        let e = chain(&d.join("l52.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2080 MiB"), "{e}");
+        // The bound is the export's: half of it refuses the fourth 2 MiB-cluster image.
+        assert_eq!(chain(&d.join("3.qcow2"), 1 << 30).unwrap().len(), 4);
+        let e = chain(&d.join("4.qcow2"), 1 << 30).unwrap_err().to_string();
+        assert!(e.contains("more than table-memory-max=1024M"), "{e}");
     }
 
     #[test]
@@ -584,7 +604,7 @@ mod tests {
         .unwrap();
         // No format recorded: probed by magic, as QEMU does for old images.
         std::fs::write(d.join("top.qcow2"), v3(4096, 0, Some(("mid.qcow2", None)))).unwrap();
-        let c = chain(&d.join("top.qcow2")).unwrap();
+        let c = chain(&d.join("top.qcow2"), DEFAULT_TABLE_MEMORY_MAX).unwrap();
         let formats: Vec<_> = c.iter().map(|l| l.format).collect();
         assert_eq!(
             formats,
@@ -601,7 +621,9 @@ mod tests {
             v3(4096, 0, Some(("gone.raw", Some("raw")))),
         )
         .unwrap();
-        let e = chain(&d.join("hole.qcow2")).unwrap_err().to_string();
+        let e = chain(&d.join("hole.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("gone.raw") && e.contains("does not exist"),
             "{e}"
@@ -617,7 +639,9 @@ mod tests {
             v3(4096, 0, Some(("x.qcow2", Some("qcow2")))),
         )
         .unwrap();
-        let e = chain(&d.join("x.qcow2")).unwrap_err().to_string();
+        let e = chain(&d.join("x.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("loops") && e.contains("x.qcow2 -> ") && e.contains("y.qcow2"),
             "{e}"
@@ -628,7 +652,9 @@ mod tests {
             v3(4096, 0, Some(("base.raw", Some("vmdk")))),
         )
         .unwrap();
-        let e = chain(&d.join("vmdk.qcow2")).unwrap_err().to_string();
+        let e = chain(&d.join("vmdk.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("vmdk"), "{e}");
     }
 }

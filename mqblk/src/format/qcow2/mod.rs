@@ -20,18 +20,11 @@ use std::io;
 pub const MAX_CHAIN: usize = 127;
 
 /// The L2 tables imago (0.2.6) keeps in memory for each image of a chain, whatever their
-/// cluster size (`qcow2/mod.rs`: `MetadataCaches::new(.., 128, 32)`).
+/// cluster size (`qcow2/mod.rs`: `MetadataCaches::new(.., 128, 32)`); with each image's L1
+/// table, which imago reads whole at open, what a chain's tables may take, which
+/// `table-memory-max=` bounds
+/// ([`DEFAULT_TABLE_MEMORY_MAX`](crate::config::qcow2::DEFAULT_TABLE_MEMORY_MAX) says why).
 pub const IMAGO_CACHED_L2_TABLES: u64 = 128;
-
-/// The most memory the tables of one export's chain may take in imago: each qcow2 image's L1
-/// table, which imago reads whole at open, and [`IMAGO_CACHED_L2_TABLES`] of its clusters.
-/// Each image is bounded by its header's checks (an L1 table of at most 32 MiB, clusters of
-/// at most 2 MiB: 288 MiB), but a chain of [`MAX_CHAIN`] small files, each declaring the
-/// largest of both, could make imago hold 36 GiB once a guest's reads reach their tables:
-/// one image, often a tenant's upload, would take the host's memory from every other export.
-/// 2 GiB takes a chain of `MAX_CHAIN` images with 64 KiB clusters (8 MiB of L2 tables each,
-/// 1 GiB in all), or 7 with 2 MiB clusters.
-pub const MAX_CHAIN_TABLES_BYTES: u64 = 2 << 30;
 
 /// Why a qcow2 image cannot be served. Each message is one line for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -77,14 +70,16 @@ pub enum Qcow2Error {
     /// A backing chain of more than [`MAX_CHAIN`] images.
     #[error("the backing chain of {0} holds more than {MAX_CHAIN} images: shorten it with `qemu-img commit` or `qemu-img rebase` first")]
     ChainTooDeep(String),
-    /// A backing chain whose tables could take more than [`MAX_CHAIN_TABLES_BYTES`] of memory.
-    #[error("the backing chain of {image} could hold at least {mib} MiB of tables in memory (each image's L1 table, and {IMAGO_CACHED_L2_TABLES} of its clusters), more than mqblk's {} MiB: shorten it with `qemu-img commit` or `qemu-img rebase`, or convert its images to smaller clusters", MAX_CHAIN_TABLES_BYTES >> 20)]
+    /// A backing chain whose tables could take more than `table-memory-max=`.
+    #[error("the backing chain of {image} could hold at least {mib} MiB of tables in memory (each image's L1 table, and {IMAGO_CACHED_L2_TABLES} of its clusters), more than table-memory-max={max_mib}M: shorten it with `qemu-img commit` or `qemu-img rebase`, convert its images to smaller clusters, or raise table-memory-max")]
     ChainTablesTooLarge {
         /// The top image.
         image: String,
         /// What its tables could take, in MiB, as far as the chain was followed (it stops
         /// at the first image past the bound).
         mib: u64,
+        /// `table-memory-max`, in MiB.
+        max_mib: u64,
     },
     /// A backing file name that is a protocol or JSON description.
     #[error("the backing file of {image} is {backing:?}, which is not a path mqblk can open")]
