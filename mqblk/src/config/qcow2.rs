@@ -52,8 +52,7 @@ pub const DEFAULT_L2_CACHE_SIZE: u64 = 4 << 20;
 pub const MAX_L2_CACHE_SIZE: u64 = 1 << 30;
 
 /// `table-memory-max=` unless given: the most memory the tables of an export's chain may take
-/// in imago ([`format::qcow2::IMAGO_CACHED_L2_TABLES`](crate::format::qcow2::IMAGO_CACHED_L2_TABLES)
-/// says what they are). Each image is bounded by its header's checks (an L1 table of at most
+/// in imago (`format::qcow2::IMAGO_CACHED_L2_TABLES` says what they are). Each image is bounded by its header's checks (an L1 table of at most
 /// 32 MiB, clusters of at most 2 MiB: 288 MiB), but a chain of `MAX_CHAIN` small files, each
 /// declaring the largest of both, could make imago hold 36 GiB once a guest's reads reach
 /// their tables: one image, often a tenant's upload, would take the host's memory from every
