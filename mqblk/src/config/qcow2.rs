@@ -52,12 +52,13 @@ pub const DEFAULT_L2_CACHE_SIZE: u64 = 4 << 20;
 pub const MAX_L2_CACHE_SIZE: u64 = 1 << 30;
 
 /// `table-memory-max=` unless given: the most memory the tables of an export's chain may take
-/// in imago (`format::qcow2::IMAGO_CACHED_L2_TABLES` says what they are). Each image is bounded by its header's checks (an L1 table of at most
-/// 32 MiB, clusters of at most 2 MiB: 288 MiB), but a chain of `MAX_CHAIN` small files, each
-/// declaring the largest of both, could make imago hold 36 GiB once a guest's reads reach
-/// their tables: one image, often a tenant's upload, would take the host's memory from every
-/// other export. 2 GiB takes a chain of `MAX_CHAIN` images with 64 KiB clusters (8 MiB of L2
-/// tables each, 1 GiB in all), or 7 with 2 MiB clusters.
+/// in imago (`format::qcow2::IMAGO_CACHED_L2_TABLES` says what they are). Each image is
+/// bounded by its header's checks (an L1 table of at most 32 MiB, clusters of at most 2 MiB:
+/// 288 MiB), but a chain of `MAX_CHAIN` small files, each declaring the largest of both, could
+/// make imago hold 36 GiB once a guest's reads reach their tables (20 such images took a
+/// daemon to 4.8 GiB: docs/RELIABILITY.md): one image, often a tenant's upload, would take the
+/// host's memory from every other export. 2 GiB takes a chain of `MAX_CHAIN` images with
+/// 64 KiB clusters (8 MiB of L2 tables each, 1 GiB in all), or 7 with 2 MiB clusters.
 pub const DEFAULT_TABLE_MEMORY_MAX: u64 = 2 << 30;
 
 /// The range of `table-memory-max=`: from what one image of 64 KiB clusters takes (8 MiB of L2
