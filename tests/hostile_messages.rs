@@ -501,8 +501,9 @@ fn malformed_messages_close_only_that_connection() {
 /// hook (`frontend/test_hooks.rs`, `MQBLK_TEST_ONLY_PANIC_AFTER_START`) panics the session at
 /// the message that starts the second queue (SET_VRING_ENABLE, from libblkio), with the first
 /// queue's I/O thread already serving it: the listener catches the panic, closes that
-/// connection and resets its session as for any disconnect (`daemon/listener.rs`). Then a new frontend is served on both queues,
-/// the daemon holds the descriptors it held before, and the export beside it saw no error.
+/// connection and resets its session as for any disconnect (`daemon/listener.rs`). Then a new
+/// frontend is served on both queues, the daemon holds the descriptors it held before, and the
+/// export beside it saw no error.
 #[test]
 fn a_panic_while_a_message_is_handled_closes_that_connection_only() {
     if !support::skip::has_test_hooks() {

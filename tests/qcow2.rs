@@ -356,34 +356,24 @@ fn images_it_must_not_serve_are_refused_in_one_line() {
 
     // Eight overlays of 2 MiB clusters: their tables could take 2049 MiB in imago (128 L2
     // tables of 2 MiB each, and an L1 table each), more than a chain may.
-    let mut below = (p("base.raw"), "raw");
-    std::fs::write(&below.0, vec![0u8; 1 << 20]).unwrap();
-    for i in 1..=8 {
-        let overlay = p(&format!("big-clusters-{i}.qcow2"));
-        qemu_img_ok(&[
-            "create",
-            "-f",
-            "qcow2",
-            "-o",
-            "cluster_size=2M",
-            "-b",
-            &below.0,
-            "-F",
-            below.1,
-            &overlay,
-            "16M",
-        ]);
-        below = (overlay, "qcow2");
-    }
-    let e = serve(&below.0);
+    std::fs::write(p("small.raw"), vec![0u8; 1 << 20]).unwrap();
+    let chain = overlay_chain(
+        &dir,
+        "small.raw",
+        "big-clusters-",
+        8,
+        &["-o", "cluster_size=2M"],
+    );
+    let top = chain[7].display().to_string();
+    let e = serve(&top);
     assert!(
-        e.contains(&below.0)
+        e.contains(&top)
             && e.contains("at least 2049 MiB of tables")
             && e.contains("qemu-img commit"),
         "{e}"
     );
     // The bound is the export's: one such image is past 256M, and the key's range is checked.
-    let one = p("big-clusters-1.qcow2");
+    let one = chain[0].display().to_string();
     for (max, says) in [
         ("256M", "more than table-memory-max=256M"),
         ("1M", "from 16M to 1T"),
@@ -1283,13 +1273,10 @@ fn an_image_whose_refcount_table_names_one_block_twice_does_not_start() {
     let reftable = be64_at(&img, 48);
     let first = be64_at(&img, reftable);
     write_at(&img, reftable + 8, &first.to_be_bytes());
-    let check = std::process::Command::new("qemu-img")
-        .args(["check", &name])
-        .output()
-        .unwrap();
+    let (code, check) = support::qemu_img::qemu_img(&["check", &name]).unwrap();
     assert!(
-        !check.status.success() && String::from_utf8_lossy(&check.stderr).contains("refcount=2"),
-        "qemu-img check finds the image sound: {check:?}"
+        code != 0 && check.contains("refcount=2"),
+        "qemu-img check finds the image sound: {check}"
     );
     serve_a_corrupt_image(
         &dir,
@@ -1311,15 +1298,7 @@ fn resizing_an_image_whose_header_no_refcount_block_covers_is_refused() {
     let img = small_written_image(&dir, "emptied.qcow2");
     write_at(&img, be64_at(&img, 48), &[0; 8]);
     let before = std::fs::read(&img).unwrap();
-    let (sock, other_sock) = (dir.join("bad.sock"), dir.join("other.sock"));
-    let exports = [
-        Export::file(&sock, &img)
-            .queues(1)
-            .set("format", "qcow2")
-            .set("id", "bad")
-            .direct(false),
-        Export::null(&other_sock, 1 << 20).queues(1),
-    ];
+    let (exports, sock, other_sock) = beside_a_null_export(&dir, &img);
     let (mut d, mut api) = support::api::daemon_with_api(&dir, &exports);
     let refused = |api: &mut support::api::Api| {
         let e = api
@@ -1334,12 +1313,7 @@ fn resizing_an_image_whose_header_no_refcount_block_covers_is_refused() {
         );
     };
     refused(&mut api);
-    let mut c = Client::connect(&sock, 1).unwrap();
-    c.set_timeout(Duration::from_secs(2));
-    assert!(
-        c.write(0, 0, &[0xa5; 4096]).is_err(),
-        "the queue must not start"
-    );
+    let c = assert_the_queue_does_not_start(&sock);
     refused(&mut api);
     assert_the_daemon_serves_on(&mut d, &other_sock);
     drop(c);
@@ -1357,12 +1331,7 @@ fn resizing_an_image_whose_header_no_refcount_block_covers_is_refused() {
 #[test]
 fn a_resize_before_any_ring_starts_mends_the_tables_first() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let name = img.display().to_string();
-    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
-    qemu_io_ok(&img, "write -P 0x5a 0 4k");
-    let (l2, refblock) = first_tables(&img);
-    write_at(&img, refblock + 2 * (l2 / CLUSTER), &[0, 0]);
+    let img = an_image_with_a_table_counted_free(&dir);
     let export = Export::file(dir.join("s.sock"), &img)
         .set("format", "qcow2")
         .set("id", "vm");
@@ -1377,6 +1346,22 @@ fn a_resize_before_any_ring_starts_mends_the_tables_first() {
     assert_checks_clean(&img, false);
     qemu_io_ok(&img, "read -P 0x5a 0 4k");
     assert!(d.log().contains("counted in use again"), "{}", d.log());
+}
+
+/// A qcow2 image whose first 4 KiB qemu-io wrote (0x5a), with its first L2 table counted free
+/// by hand, as a crash between imago's write of the table and of its refcount leaves it;
+/// `qemu-img check` finds the error.
+fn an_image_with_a_table_counted_free(dir: &TestDir) -> PathBuf {
+    let img = dir.join("disk.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
+    qemu_io_ok(&img, "write -P 0x5a 0 4k");
+    let (l2, refblock) = first_tables(&img);
+    // 16-bit refcounts: entry `cluster` of the first refcount block.
+    write_at(&img, refblock + 2 * (l2 / CLUSTER), &[0, 0]);
+    let (code, text) = support::qemu_img::qemu_img(&["check", &name]).unwrap();
+    assert_eq!(code, 2, "the damage must be there first: {text}");
+    img
 }
 
 /// A 1 MiB qcow2 image `name` in `dir` with 512-byte clusters (a refcount block then covers
@@ -1401,7 +1386,23 @@ fn small_written_image(dir: &TestDir, name: &str) -> PathBuf {
 /// Serves `img`, which mqblk must refuse when its queue starts (`why` in the log), beside a
 /// null export that must serve on.
 fn serve_a_corrupt_image(dir: &TestDir, img: &Path, why: &str) {
-    let name = img.display().to_string();
+    let (exports, sock, other_sock) = beside_a_null_export(dir, img);
+    let mut d = Daemon::start(dir, &exports);
+    let c = assert_the_queue_does_not_start(&sock);
+    assert!(d.wait_for_log(why, Duration::from_secs(5)), "{}", d.log());
+    let log = d.log();
+    assert!(
+        log.contains(&img.display().to_string()) && log.contains("qemu-img check -r all"),
+        "{log}"
+    );
+    assert_the_daemon_serves_on(&mut d, &other_sock);
+    drop(c);
+    d.stop();
+}
+
+/// `img` exported with one queue (id `bad`, `direct=off`) beside a null export, and the two
+/// sockets: what the tests of images mqblk must refuse serve.
+fn beside_a_null_export(dir: &TestDir, img: &Path) -> ([Export; 2], PathBuf, PathBuf) {
     let stem = img.file_stem().unwrap().to_string_lossy();
     let (sock, other_sock) = (
         dir.join(&format!("{stem}.sock")),
@@ -1411,25 +1412,22 @@ fn serve_a_corrupt_image(dir: &TestDir, img: &Path, why: &str) {
         Export::file(&sock, img)
             .queues(1)
             .set("format", "qcow2")
+            .set("id", "bad")
             .direct(false),
         Export::null(&other_sock, 1 << 20).queues(1),
     ];
-    let mut d = Daemon::start(dir, &exports);
-    let mut c = Client::connect(&sock, 1).unwrap();
+    (exports, sock, other_sock)
+}
+
+/// A client of the export at `sock` whose write fails: its queue did not start.
+fn assert_the_queue_does_not_start(sock: &Path) -> Client {
+    let mut c = Client::connect(sock, 1).unwrap();
     c.set_timeout(Duration::from_secs(2));
     assert!(
         c.write(0, 0, &[0xa5; 4096]).is_err(),
         "the queue must not start"
     );
-    assert!(d.wait_for_log(why, Duration::from_secs(5)), "{}", d.log());
-    let log = d.log();
-    assert!(
-        log.contains(&name) && log.contains("qemu-img check -r all"),
-        "{log}"
-    );
-    assert_the_daemon_serves_on(&mut d, &other_sock);
-    drop(c);
-    d.stop();
+    c
 }
 
 /// The daemon still runs, and its other export (at `other_sock`) takes a write and a read.
@@ -1450,16 +1448,7 @@ fn assert_the_daemon_serves_on(d: &mut Daemon, other_sock: &Path) {
 #[test]
 fn a_table_left_counted_free_by_a_crash_is_counted_again_before_anything_is_allocated() {
     let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let name = img.display().to_string();
-    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
-    qemu_io_ok(&img, "write -P 0x5a 0 4k");
-    let (l2, refblock) = first_tables(&img);
-    // 16-bit refcounts: entry `cluster` of the first refcount block.
-    write_at(&img, refblock + 2 * (l2 / CLUSTER), &[0, 0]);
-    let (code, text) = support::qemu_img::qemu_img(&["check", &name]).unwrap();
-    assert_eq!(code, 2, "the damage must be there first: {text}");
-
+    let img = an_image_with_a_table_counted_free(&dir);
     let (mut d, mut c) = serve_one_queue(&dir, &img, None);
     assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![0x5a; 4096]);
     // Mended when the first ring started (a migration's source may write the image until
@@ -1642,31 +1631,11 @@ fn a_full_filesystem_fails_only_the_writes_into_new_clusters() {
 fn a_chain_of_max_chain_images_is_served_and_a_deeper_one_refused() {
     const MAX_CHAIN: usize = mqblk::format::qcow2::MAX_CHAIN;
     let dir = TestDir::new();
-    let base = base_image(&dir, "raw");
-    let mut below = base.file_name().unwrap().to_string_lossy().to_string();
-    let mut format = "raw";
-    for i in 1..=MAX_CHAIN {
-        let name = format!("layer{i}.qcow2");
-        // -u: qemu-img records the backing file without opening the chain under it.
-        qemu_img_ok(&[
-            "create",
-            "-f",
-            "qcow2",
-            "-u",
-            "-b",
-            &below,
-            "-F",
-            format,
-            &dir.join(&name).display().to_string(),
-            &SIZE.to_string(),
-        ]);
-        below = name;
-        format = "qcow2";
-    }
-    let deepest = dir.join(&format!("layer{}.qcow2", MAX_CHAIN - 1));
-    let too_deep = dir.join(&format!("layer{MAX_CHAIN}.qcow2"));
+    base_image(&dir, "raw");
+    let chain = overlay_chain(&dir, "base.raw", "layer", MAX_CHAIN, &[]);
+    let (deepest, too_deep) = (&chain[MAX_CHAIN - 2], &chain[MAX_CHAIN - 1]);
 
-    let (mut d, mut c) = serve_one_queue(&dir, &deepest, None);
+    let (mut d, mut c) = serve_one_queue(&dir, deepest, None);
     let expected = pattern_bytes(SIZE, 0, Some(BASE_SEED));
     for off in [0, SIZE / 2, SIZE - CLUSTER] {
         let got = c.read_vec(0, off, CLUSTER as usize).expect("read");
@@ -1702,4 +1671,31 @@ fn a_chain_of_max_chain_images_is_served_and_a_deeper_one_refused() {
             && e.contains("qemu-img commit"),
         "{e}"
     );
+}
+
+/// `count` qemu-img overlays of `SIZE` in `dir`, `{prefix}1.qcow2` over the raw `base` (a name
+/// in `dir`) and each `{prefix}i.qcow2` over the one before, made with `options` too; their
+/// paths, bottom first. (`-u`: qemu-img records each backing file without opening the chain
+/// under it.)
+fn overlay_chain(
+    dir: &TestDir,
+    base: &str,
+    prefix: &str,
+    count: usize,
+    options: &[&str],
+) -> Vec<PathBuf> {
+    let mut below = (base.to_string(), "raw");
+    (1..=count)
+        .map(|i| {
+            let name = format!("{prefix}{i}.qcow2");
+            let path = dir.join(&name);
+            let size = SIZE.to_string();
+            let mut args = vec!["create", "-q", "-f", "qcow2", "-u"];
+            args.extend_from_slice(options);
+            args.extend(["-b", &below.0, "-F", below.1, path.to_str().unwrap(), &size]);
+            qemu_img_ok(&args);
+            below = (name, "qcow2");
+            path
+        })
+        .collect()
 }
