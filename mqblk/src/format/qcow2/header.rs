@@ -500,20 +500,26 @@ mod tests {
         assert!(e.contains("does not start with a qcow2 header"), "{e}");
     }
 
+    /// `count` qcow2 headers in `d`: `{prefix}i.qcow2` over `{prefix}(i - 1).qcow2`, the first
+    /// over a raw `0.raw` (written here), each changed by `patch` after [`v3`] made it.
+    fn write_chain(d: &Path, prefix: &str, count: usize, patch: impl Fn(&mut [u8])) {
+        std::fs::write(d.join("0.raw"), vec![0u8; 4096]).unwrap();
+        for i in 1..=count {
+            let below = match i - 1 {
+                0 => ("0.raw".to_string(), "raw"),
+                b => (format!("{prefix}{b}.qcow2"), "qcow2"),
+            };
+            let mut header = v3(4096, 0, Some((below.0.as_str(), Some(below.1))));
+            patch(&mut header);
+            std::fs::write(d.join(format!("{prefix}{i}.qcow2")), header).unwrap();
+        }
+    }
+
     #[test]
     fn a_chain_of_more_than_max_chain_images_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::write(d.join("0.raw"), vec![0u8; 4096]).unwrap();
-        // Image i (a qcow2 image) over image i - 1; image 0 is raw.
-        for i in 1..=MAX_CHAIN {
-            let (below, format) = match i - 1 {
-                0 => ("0.raw".to_string(), "raw"),
-                b => (format!("{b}.qcow2"), "qcow2"),
-            };
-            let header = v3(4096, 0, Some((below.as_str(), Some(format))));
-            std::fs::write(d.join(format!("{i}.qcow2")), header).unwrap();
-        }
+        write_chain(d, "", MAX_CHAIN, |_| ());
         let deepest = d.join(format!("{}.qcow2", MAX_CHAIN - 1));
         assert_eq!(
             chain(&deepest, DEFAULT_TABLE_MEMORY_MAX).unwrap().len(),
@@ -535,25 +541,11 @@ mod tests {
     fn a_chain_whose_tables_could_take_more_than_the_bound_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::write(d.join("0.raw"), vec![0u8; 4096]).unwrap();
         // 2 MiB clusters (256 MiB of L2 tables each) with the smallest L1 table: seven fit in
         // 2 GiB, eight do not.
-        let big_clusters = |below: &str, format: &str| {
-            let mut h = v3(4096, 0, Some((below, Some(format))));
-            h[20..24].copy_from_slice(&21u32.to_be_bytes());
-            h
-        };
-        for i in 1..=8 {
-            let below = match i - 1 {
-                0 => ("0.raw".to_string(), "raw"),
-                b => (format!("{b}.qcow2"), "qcow2"),
-            };
-            std::fs::write(
-                d.join(format!("{i}.qcow2")),
-                big_clusters(&below.0, below.1),
-            )
-            .unwrap();
-        }
+        write_chain(d, "", 8, |h| {
+            h[20..24].copy_from_slice(&21u32.to_be_bytes())
+        });
         assert_eq!(
             chain(&d.join("7.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
                 .unwrap()
@@ -572,15 +564,9 @@ mod tests {
             "{e}"
         );
         // 64 tiny images each declaring the largest L1 table (32 MiB) over 64 KiB clusters.
-        for i in 1..=64 {
-            let below = match i - 1 {
-                0 => ("0.raw".to_string(), "raw"),
-                b => (format!("l{b}.qcow2"), "qcow2"),
-            };
-            let mut h = v3(4096, 0, Some((below.0.as_str(), Some(below.1))));
-            h[36..40].copy_from_slice(&(4u32 << 20).to_be_bytes());
-            std::fs::write(d.join(format!("l{i}.qcow2")), h).unwrap();
-        }
+        write_chain(d, "l", 64, |h| {
+            h[36..40].copy_from_slice(&(4u32 << 20).to_be_bytes())
+        });
         assert!(chain(&d.join("l51.qcow2"), DEFAULT_TABLE_MEMORY_MAX).is_ok());
         let e = chain(&d.join("l52.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
             .unwrap_err()
