@@ -1285,6 +1285,42 @@ fn an_image_whose_refcount_table_names_one_block_twice_does_not_start() {
     );
 }
 
+/// A refcount block that counts clusters in use far past the end of the image's file is how a
+/// crafted file counts them by the billion with every block a cluster of its own, which
+/// imago's allocator walks one at a time at the first write (`scripts/crafted-refcount-walk.sh`:
+/// 16 MiB of one-bit blocks held the first write 18 s). Here the image's second refcount block
+/// (clusters from 2 GiB on, 64 KiB clusters and 16-bit refcounts) counts them all: the queue
+/// does not start, one line names the image and `qemu-img check -r all`, and the daemon's
+/// other export serves on. After that repair the image serves.
+#[test]
+fn an_image_counting_clusters_in_use_far_past_its_end_does_not_start_until_repaired() {
+    let dir = TestDir::new();
+    let img = dir.join("counted.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
+    let far_block = std::fs::metadata(&img)
+        .unwrap()
+        .len()
+        .next_multiple_of(CLUSTER);
+    write_at(&img, far_block, &[0, 1].repeat((CLUSTER / 2) as usize));
+    write_at(&img, be64_at(&img, 48) + 8, &far_block.to_be_bytes());
+    serve_a_corrupt_image(
+        &dir,
+        &img,
+        &format!(
+            "refcount block at offset {far_block} counts the cluster at offset 2147483648 in use"
+        ),
+    );
+    qemu_img_ok(&["check", "-q", "-r", "all", &name]);
+    let (mut d, mut c) = serve_one_queue(&dir, &img, Some(false));
+    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    c.flush(0).unwrap();
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img, false);
+    qemu_io_ok(&img, "read -P 0x5a 0 4k");
+}
+
 /// Growing a qcow2 image allocates (a new L1 table), and an export is as often resized
 /// before its frontend connects as after: before any ring's start has mended the image. On an
 /// image whose header no refcount block covers, `export_resize` sent imago's allocator into

@@ -26,9 +26,17 @@
 //! counts would stand for two ranges of clusters at once (`qemu-img check`: "refcount block
 //! N refcount=2"). It is also how a small crafted file could count clusters in use by the
 //! billion (one full block named by every entry of its table), which imago's allocator walks
-//! one at a time at the first write, holding the worker for minutes. With every block a
-//! cluster of its own in the file, what the allocator can be made to walk grows with the
-//! file's size instead: at most the file's bytes times 8 / 2^refcount_order clusters.
+//! one at a time at the first write (about 0.13 µs each), holding the worker for minutes. With
+//! every block a cluster of its own in the file, what the allocator could be made to walk
+//! still grows with the file's bytes times 8 / 2^refcount_order: a 1 GiB file of one-bit
+//! refcounts counts 8 Gi clusters in use, some twenty minutes of the walk, during which the
+//! export's worker serves nothing and the daemon's shutdown, which drains it, waits. So a refcount block may count
+//! clusters in use only below [`COUNTED_PAST_END_MAX`] past the end of the file; one that
+//! counts any further out is refused. No image counts clusters that far out unless made to:
+//! what a crash leaves counted past the end is what was being allocated, and mqblk grows the
+//! file at most 16 MiB ahead. What the allocator can walk is then the clusters up to that
+//! bound, rounded up to one block's range: 2.4 s for the widest, a one-bit block of 2 MiB
+//! clusters (docs/RELIABILITY.md; `qemu-img check -r all` mends such an image).
 //!
 //! Why a covered header is what bounds that recursion (imago 0.2.6, `qcow2/allocation.rs`):
 //! for a range with no refcount block, the allocator looks for a cluster for one from its
@@ -42,6 +50,11 @@
 use std::io;
 
 use crate::format::qcow2::header::{table_entries, Tables};
+
+/// How far past the end of the image's file its refcount blocks may count clusters in use:
+/// beyond what any crash leaves counted, and 2 Mi clusters (a quarter of a second of imago's
+/// walk) at the smallest cluster size.
+pub const COUNTED_PAST_END_MAX: u64 = 1 << 30;
 
 /// The refcount of entry `index` of a refcount block of `bits`-bit entries.
 fn get(block: &[u8], index: u64, bits: u32) -> u64 {
@@ -115,6 +128,7 @@ pub fn repair(
             ),
         ));
     }
+    refuse_counts_far_past_the_end(&refblocks, file_size, cluster_bits, rb_bits, bits, &read)?;
     // The L2 tables and refcount blocks, and the clusters of the L1 and refcount tables
     // themselves (a grown table is as exposed as a new L2 table).
     let spans = |offset: u64, len: u64| {
@@ -169,6 +183,49 @@ pub fn repair(
     Ok(repaired)
 }
 
+/// An error (`InvalidData`) if a refcount block counts a cluster in use
+/// [`COUNTED_PAST_END_MAX`] or more past the end of the file (`file_size`), which imago's
+/// allocator would walk one at a time. Only the blocks whose range begins that far out are
+/// read (a legitimate image has none, or none that counts anything); a block past the end of
+/// the file reads as zeros and counts nothing.
+fn refuse_counts_far_past_the_end(
+    refblocks: &[u64],
+    file_size: u64,
+    cluster_bits: u32,
+    rb_bits: u32,
+    bits: u32,
+    read: &impl Fn(u64, usize) -> io::Result<Vec<u8>>,
+) -> io::Result<()> {
+    // Bytes of the file a refcount block's range covers (at most 2^45: 2 MiB clusters,
+    // 1-bit refcounts).
+    let range_bits = rb_bits + cluster_bits;
+    let bound = file_size.saturating_add(COUNTED_PAST_END_MAX);
+    let first_checked = bound.div_ceil(1 << range_bits);
+    let far = refblocks.iter().enumerate().skip(first_checked as usize);
+    for (index, &rb) in far.filter(|&(_, &rb)| rb != 0 && rb < file_size) {
+        let block = read(rb, 1 << cluster_bits)?;
+        let Some(byte) = block.iter().position(|&b| b != 0) else {
+            continue;
+        };
+        let entry = (byte as u64 * 8 / u64::from(bits)..)
+            .find(|&e| get(&block, e, bits) != 0)
+            .expect("a nonzero byte holds a nonzero entry");
+        // (Past 2^64 with a reftable of a million entries and the widest blocks.)
+        let at = ((index as u128) << range_bits) + (u128::from(entry) << cluster_bits);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the image's refcount block at offset {rb} counts the cluster at offset {at} in \
+                 use, more than {} MiB past the end of its file ({file_size} bytes), which \
+                 imago's allocator would walk one cluster at a time; run `qemu-img check -r all` \
+                 on it",
+                COUNTED_PAST_END_MAX >> 20
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;
@@ -205,21 +262,23 @@ mod tests {
         assert_eq!(b[2..4], [1, 2]);
     }
 
-    #[test]
-    fn a_table_counted_free_is_counted_again_and_nothing_else_changes() {
-        // Clusters: 0 header, 1 reftable, 2 refblock, 3 L1, 4 and 6 L2 tables, 5 data.
+    /// Writes table entry `v` (with the COPIED flag) at `at`.
+    fn put(f: &mut [u8], at: u64, v: u64) {
+        f[at as usize..at as usize + 8].copy_from_slice(&(v | 1 << 63).to_be_bytes())
+    }
+
+    /// An image of 8 clusters of 64 KiB with 16-bit refcounts: 0 header, 1 reftable,
+    /// 2 refblock, 3 L1, 4 and 6 L2 tables, 5 data. The L2 table at cluster 4 is counted 0
+    /// (its allocation's refcount was lost); the one at 6 is counted 2 (shared); cluster 7 is
+    /// free. With its header.
+    fn image() -> (Vec<u8>, Header) {
         let mut file = vec![0u8; 8 * C as usize];
-        let put = |f: &mut Vec<u8>, at: u64, v: u64| {
-            f[at as usize..at as usize + 8].copy_from_slice(&(v | 1 << 63).to_be_bytes())
-        };
         put(&mut file, C, 2 * C); // reftable[0] = refblock
         put(&mut file, 3 * C, 4 * C); // L1[0]
         put(&mut file, 3 * C + 8, 6 * C); // L1[1]
         for cluster in [0u64, 1, 2, 3, 5] {
             set(&mut file[2 * C as usize..3 * C as usize], cluster, 16, 1);
         }
-        // The L2 table at cluster 4 is counted 0 (its allocation's refcount was lost); the one
-        // at 6 is counted 2 (shared): left alone.
         set(&mut file[2 * C as usize..3 * C as usize], 6, 16, 2);
         let header = Header {
             version: 3,
@@ -234,6 +293,12 @@ mod tests {
             reftable_clusters: 1,
             refcount_order: 4,
         };
+        (file, header)
+    }
+
+    #[test]
+    fn a_table_counted_free_is_counted_again_and_nothing_else_changes() {
+        let (file, header) = image();
         let file = RefCell::new(file);
         let read = |at: u64, len: usize| Ok(file.borrow()[at as usize..at as usize + len].to_vec());
         let writes = RefCell::new(0);
@@ -283,5 +348,89 @@ mod tests {
             "{e}"
         );
         assert_eq!(*writes.borrow(), 1, "nothing written");
+    }
+
+    /// A refcount block may count clusters in use up to [`COUNTED_PAST_END_MAX`] past the end
+    /// of the file (a range of 2 GiB at 64 KiB clusters and 16-bit refcounts: block 1 begins
+    /// 2 GiB in), not beyond.
+    #[test]
+    fn clusters_counted_in_use_far_past_the_end_of_the_file_are_refused() {
+        let (mut file, header) = image();
+        let far_block = 7 * C;
+        put(&mut file, C + 8, far_block); // reftable[1]: clusters from 2 GiB on
+        let size = file.len() as u64;
+        let refcounts = |file: &[u8], end: u64| {
+            let read = |at: u64, len: usize| Ok(file[at as usize..at as usize + len].to_vec());
+            let (l1, reftable) = (read(3 * C, 16).unwrap(), read(C, C as usize).unwrap());
+            let tables = Tables {
+                header: &header,
+                l1: &l1,
+                reftable: &reftable,
+            };
+            let mut written = false;
+            let result = repair(&tables, end, read, |_, _| {
+                written = true;
+                Ok(())
+            });
+            (result, written)
+        };
+        // The block counts nothing: served (and the table at 4, and the block itself, are
+        // counted again).
+        let (result, _) = refcounts(&file, size);
+        assert_eq!(result.unwrap(), vec![4 * C, far_block]);
+        // It counts the cluster 2 GiB + 3 clusters in: refused, named, nothing written.
+        set(&mut file[far_block as usize..], 3, 16, 1);
+        let (result, written) = refcounts(&file, size);
+        let e = result.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let at = (2 << 30) + 3 * C;
+        assert!(
+            e.to_string().contains(&format!(
+                "refcount block at offset {far_block} counts the cluster at offset {at} in use"
+            )) && e.to_string().contains("qemu-img check -r all"),
+            "{e}"
+        );
+        assert!(!written, "nothing is written");
+        // A file 1 GiB longer (as if its end were nearer): within the bound, served.
+        let (result, _) = refcounts(&file, size + (1 << 30));
+        assert!(result.is_ok());
+        // With 1-bit refcounts a block counts 64 Ki * 8 clusters: block 1 begins 32 GiB in,
+        // and its entry 3 is bit 3 of byte 0.
+        let mut one_bit = vec![0u8; C as usize];
+        set(&mut one_bit, 3, 1, 1);
+        let read = |at: u64, len: usize| {
+            let mut b = if at == far_block {
+                one_bit.clone()
+            } else {
+                vec![0; len]
+            };
+            b.truncate(len);
+            Ok(b)
+        };
+        let (cluster_bits, rb_bits) = (16, 16 + 3);
+        let e = refuse_counts_far_past_the_end(
+            &[2 * C, far_block],
+            size,
+            cluster_bits,
+            rb_bits,
+            1,
+            &read,
+        )
+        .unwrap_err();
+        let at = (32u64 << 30) + 3 * C;
+        assert!(
+            e.to_string().contains(&format!("cluster at offset {at}")),
+            "{e}"
+        );
+        // A block past the end of the file reads as zeros: nothing to walk.
+        let past = refuse_counts_far_past_the_end(
+            &[2 * C, size + C],
+            size,
+            cluster_bits,
+            rb_bits,
+            1,
+            &read,
+        );
+        assert!(past.is_ok());
     }
 }
