@@ -73,6 +73,12 @@ enum Cmd {
         /// Run as this group (name or number) once confined.
         #[arg(long, value_name = "GROUP")]
         group: Option<String>,
+        /// The most memory the qcow2 exports' tables may take in imago together: the sum of
+        /// each chain's bound as table-memory-max= counts it (8 MiB an image at 64 KiB
+        /// clusters). An export, or a snapshot, that would pass it is refused in one line.
+        /// Default: half the host's memory.
+        #[arg(long, value_name = "BYTES", value_parser = parse_table_memory_total)]
+        table_memory_total: Option<u64>,
     },
     /// Talk to a running daemon's management API: prints the reply as JSON.
     #[command(after_help = ctl::HELP)]
@@ -181,6 +187,16 @@ fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+fn parse_table_memory_total(s: &str) -> Result<u64, String> {
+    let min = mqblk::engine::qcow2::table_budget::MIN_TOTAL;
+    config::parse_size(s).filter(|&n| n >= min).ok_or_else(|| {
+        format!(
+            "{s} is not a size of at least {}M: give BYTES with an optional K, M, G or T, e.g. 8G",
+            min >> 20
+        )
+    })
+}
+
 fn serve(
     exports: &[String],
     config: Option<&PathBuf>,
@@ -261,6 +277,7 @@ fn main() -> ExitCode {
             allow_dirs,
             user,
             group,
+            table_memory_total,
         } => serve(
             &exports,
             config.as_ref(),
@@ -269,6 +286,7 @@ fn main() -> ExitCode {
                 stats_file,
                 api_socket,
                 metrics,
+                table_memory_total,
                 sandbox: SandboxOptions {
                     mode: sandbox,
                     allow_dirs,

@@ -232,6 +232,21 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ],
         "--metrics localhost",
     );
+    let out = Command::new(mqblk_bin())
+        .args(["serve", "--export", &null, "--table-memory-total", "1M"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    says(
+        &stderr,
+        &[
+            "--table-memory-total",
+            "1M is not a size of at least 16M",
+            "8G",
+        ],
+        "--table-memory-total 1M",
+    );
     // Two members of one throttle group with different limits: the second is refused when
     // it starts, and neither leaves its socket behind.
     let (ga, gb) = (dir.join("ga.sock"), dir.join("gb.sock"));

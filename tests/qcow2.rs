@@ -823,6 +823,68 @@ fn a_snapshot_outside_the_allowed_directories_is_refused_by_name() {
     assert_checks_clean(&img, false);
 }
 
+/// `--table-memory-total` bounds what the tables of every qcow2 export's chain could take in
+/// imago together, as `table-memory-max=` bounds one chain: with 20 MiB, two exports of
+/// 64 KiB-cluster images (8 MiB each) are served; a third, added through the API, is refused
+/// in one line, and so is a snapshot, whose overlay would add 8 MiB (nothing is created, the
+/// export serves on). Once an export is removed, both fit.
+#[test]
+fn exports_and_snapshots_past_the_daemon_s_table_memory_total_are_refused() {
+    let dir = TestDir::new();
+    let export = |i: usize| {
+        let img = dir.join(&format!("vm{i}.qcow2"));
+        let name = img.display().to_string();
+        qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, &SIZE.to_string()]);
+        let sock = dir.join(&format!("vm{i}.sock"));
+        (img, sock)
+    };
+    let [(img0, sock0), (img1, sock1), (img2, sock2)] = [export(0), export(1), export(2)];
+    let served = |img: &Path, sock: &Path, id: &str| {
+        Export::file(sock, img)
+            .queues(1)
+            .set("format", "qcow2")
+            .set("id", id)
+    };
+    let (mut d, mut api) = support::api::daemon_with_api_args(
+        &dir,
+        &["--table-memory-total", "20M"],
+        &[served(&img0, &sock0, "vm0"), served(&img1, &sock1, "vm1")],
+    );
+    let add = serde_json::json!({"id": "vm2", "socket": sock2, "path": img2, "format": "qcow2"});
+    let e = api.call("export_add", add.clone()).unwrap_err();
+    assert!(
+        e.1.contains(&format!(
+            "backing chain of {} could hold 9 MiB",
+            img2.display()
+        )) && e.1.contains("may hold 17 MiB of --table-memory-total=20M"),
+        "{e:?}"
+    );
+    let overlay = dir.join("vm0-snap.qcow2");
+    let snapshot = serde_json::json!({"id": "vm0", "overlay": overlay.display().to_string()});
+    let e = api.call("export_snapshot", snapshot.clone()).unwrap_err();
+    assert!(
+        e.1.contains("could hold 17 MiB") && e.1.contains("--table-memory-total=20M"),
+        "{e:?}"
+    );
+    assert!(!overlay.exists(), "the refused snapshot left its overlay");
+    let mut c = Client::connect(&sock0, 1).unwrap();
+    c.write(0, 0, &[7u8; 4096]).unwrap();
+    assert_eq!(c.read_vec(0, 0, 4096).unwrap(), vec![7u8; 4096]);
+    drop(c);
+    // vm1 gone: vm0's snapshot fits, then nothing more; vm0 gone too: vm2 fits.
+    api.ok("export_del", serde_json::json!({"id": "vm1"}));
+    api.ok("export_snapshot", snapshot);
+    assert!(api.call("export_add", add.clone()).is_err());
+    api.ok("export_del", serde_json::json!({"id": "vm0"}));
+    api.ok("export_add", add);
+    let mut c = Client::connect(&sock2, 1).unwrap();
+    c.write(0, 0, &[9u8; 4096]).unwrap();
+    drop(c);
+    d.stop();
+    assert_checks_clean(&img2, false);
+    assert_checks_clean(&overlay, false);
+}
+
 /// A write-zeroes and a write into two blocks of the same new cluster, sent on two queues at
 /// once, cluster after cluster: both land, and the rest of the cluster keeps the base's data.
 /// The write's copy-on-write reads the rest of the cluster before it writes the whole cluster;

@@ -24,11 +24,26 @@ pub fn daemon_with_api_allowing(
     more: &[&Path],
     exports: &[Export],
 ) -> (Daemon, Api) {
+    daemon_with_api_and(dir, more, &[], exports)
+}
+
+/// [`daemon_with_api`], with more `serve` options.
+pub fn daemon_with_api_args(dir: &TestDir, options: &[&str], exports: &[Export]) -> (Daemon, Api) {
+    daemon_with_api_and(dir, &[], options, exports)
+}
+
+fn daemon_with_api_and(
+    dir: &TestDir,
+    more: &[&Path],
+    options: &[&str],
+    exports: &[Export],
+) -> (Daemon, Api) {
     let api = dir.join("api.sock");
     let mut args = vec!["--api-socket", api.to_str().unwrap()];
     for d in std::iter::once(dir.path()).chain(more.iter().copied()) {
         args.extend(["--allow-dir", d.to_str().unwrap()]);
     }
+    args.extend(options);
     let d = Daemon::start_args(dir, exports, &args);
     let a = Api::connect(&api);
     (d, a)

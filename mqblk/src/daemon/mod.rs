@@ -33,6 +33,7 @@ pub use exports::Exports;
 use crate::api::rpc::ApiServer;
 use crate::api::{systemd, Metrics};
 use crate::config::ExportConfig;
+use crate::engine::qcow2::table_budget;
 use crate::sandbox::{self, SandboxOptions};
 
 /// How `mqblk serve` runs, besides its exports.
@@ -44,6 +45,9 @@ pub struct ServeOptions {
     pub api_socket: Option<PathBuf>,
     /// Serve the Prometheus metrics over HTTP on this address.
     pub metrics: Option<SocketAddr>,
+    /// What the qcow2 exports' tables may take together (`--table-memory-total`; `None`:
+    /// [`table_budget::default_total`]).
+    pub table_memory_total: Option<u64>,
     /// How the daemon confines itself.
     pub sandbox: SandboxOptions,
 }
@@ -59,6 +63,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// exports take the sockets socket activation hands over (see [`systemd`]).
 pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Error> {
     signals::block().map_err(Error::Signals)?;
+    table_budget::set_total(
+        opts.table_memory_total
+            .unwrap_or_else(table_budget::default_total),
+    );
     let named = systemd::listen_fds().map_err(Error::SocketActivation)?;
     let activation = systemd::assign(&exports, &named);
     for (fd, name, why) in &activation.unused {

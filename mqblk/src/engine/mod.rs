@@ -331,6 +331,9 @@ pub enum OpenError {
     /// A qcow2 image mqblk cannot serve (see [`Qcow2Error`](crate::format::qcow2::Qcow2Error)).
     #[error(transparent)]
     Qcow2(#[from] crate::format::qcow2::Qcow2Error),
+    /// A qcow2 export whose tables would take the daemon past `--table-memory-total`.
+    #[error(transparent)]
+    TableMemory(#[from] qcow2::table_budget::OverBudget),
     /// An engine this build does not have.
     #[error("engine={0} is not in this build of mqblk: build it with --features {0}")]
     NotBuilt(&'static str),

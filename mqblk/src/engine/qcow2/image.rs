@@ -63,6 +63,8 @@ pub struct Image {
     pub backing_files: Vec<std::fs::File>,
     /// log2 of the cluster size.
     pub cluster_bits: u32,
+    /// What the tables of its chain could take in imago's memory (`header::tables_bytes`).
+    pub tables_bytes: u64,
     /// Bumped (after the metadata changed, before the request that changed it completes)
     /// whenever a mapping a thread may have cached stops being true.
     pub epoch: AtomicU64,
@@ -405,6 +407,7 @@ pub fn open(
         file: for_ring,
         backing_files,
         cluster_bits: top.cluster_bits,
+        tables_bytes: header::tables_bytes(&layers),
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
         changed: AtomicU64::new(0),

@@ -38,6 +38,7 @@ mod mapping;
 mod metadata;
 mod refcount_repair;
 mod storage;
+pub mod table_budget;
 mod table_io;
 mod test_hooks;
 mod unpersisted;
@@ -62,6 +63,7 @@ use channel::Qcow2Channel;
 use image::Image;
 use mapping::MappingCache;
 use metadata::{Jobs, Replies};
+use table_budget::TableLease;
 
 /// The image being written (the top of the chain) and the worker of its metadata path,
 /// replaced as a whole by a snapshot.
@@ -94,6 +96,9 @@ pub struct Qcow2Engine {
     worker_name: String,
     /// Where its images report being given up (set by the export).
     failure_report: Arc<OnceLock<FailureReport>>,
+    /// Its share of the daemon's budget for tables (see [`table_budget`]), grown by a
+    /// snapshot.
+    tables: Mutex<TableLease>,
     /// Held by `refresh`, `resize` and `snapshot`, which come from different threads (a ring
     /// starting, the API) and must not drop imago's caches while another allocates.
     control: Mutex<()>,
@@ -118,6 +123,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         image::check_backing(path, &cfg.qcow2)?;
     }
     let image = image::open(path, cfg.readonly, cfg.direct, cfg.qcow2.table_memory_max)?;
+    let tables = table_budget::budget().lease(image.tables_bytes, path)?;
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
@@ -160,6 +166,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         direct: cfg.direct,
         worker_name,
         failure_report,
+        tables: Mutex::new(tables),
         control: Mutex::new(()),
     })
 }
@@ -237,6 +244,11 @@ impl Qcow2Engine {
                     .map_err(io("cannot check the tables of", overlay))?;
                 let new = Arc::new(new);
                 let jobs = start_worker(&new, &self.worker_name, overlay)?;
+                // The overlay's tables on top of the chain's: held before it becomes the top.
+                self.tables
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .grow_to(new.tables_bytes, overlay)?;
                 Ok((new, jobs))
             });
         let (image, jobs) = match opened {

@@ -269,6 +269,15 @@ pub struct Layer {
     pub path: PathBuf,
     /// Its format.
     pub format: BackingFormat,
+    /// What its tables could take in imago's memory: its L1 table and
+    /// [`IMAGO_CACHED_L2_TABLES`] of its clusters (0 for a raw image, or where the chain could
+    /// not be followed this far).
+    pub tables: u64,
+}
+
+/// What the tables of a chain's images could take in imago's memory together.
+pub fn tables_bytes(layers: &[Layer]) -> u64 {
+    layers.iter().map(|l| l.tables).sum()
 }
 
 /// The chain under the qcow2 image `top`, `top` first: each backing file resolved as QEMU does
@@ -296,18 +305,20 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
     layers.push(Layer {
         path: top.to_path_buf(),
         format: BackingFormat::Qcow2,
+        tables: 0,
     });
     let mut seen = HashSet::new();
     seen.insert(canonical(top)?);
-    let mut tables_bytes = 0u64;
     loop {
-        let current = layers.last().expect("the top is there");
+        let current = layers.last_mut().expect("the top is there");
         if current.format == BackingFormat::Raw {
             return Ok(());
         }
         let header = parse(&current.path, &read_head(&current.path)?)?;
-        tables_bytes +=
+        current.tables =
             8 * u64::from(header.l1_entries) + (IMAGO_CACHED_L2_TABLES << header.cluster_bits);
+        let current = current.path.clone();
+        let tables_bytes = tables_bytes(layers);
         if tables_bytes > table_memory_max {
             return Err(Qcow2Error::ChainTablesTooLarge {
                 image: top.display().to_string(),
@@ -318,7 +329,7 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
         let Some(name) = header.backing else {
             return Ok(());
         };
-        let image = current.path.display().to_string();
+        let image = current.display().to_string();
         if name.contains(':') && !Path::new(&name).exists() {
             return Err(Qcow2Error::BackingNotAPath {
                 image,
@@ -327,7 +338,7 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
         }
         let path = match Path::new(&name) {
             p if p.is_absolute() => p.to_path_buf(),
-            p => current.path.parent().unwrap_or(Path::new(".")).join(p),
+            p => current.parent().unwrap_or(Path::new(".")).join(p),
         };
         if !path.exists() {
             return Err(Qcow2Error::MissingBacking {
@@ -358,7 +369,11 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
             None if is_qcow2(&read_head(&path)?) => BackingFormat::Qcow2,
             None => BackingFormat::Raw,
         };
-        layers.push(Layer { path, format });
+        layers.push(Layer {
+            path,
+            format,
+            tables: 0,
+        });
     }
 }
 
