@@ -850,6 +850,12 @@ fn exports_and_snapshots_past_the_daemon_s_table_memory_total_are_refused() {
         &["--table-memory-total", "20M"],
         &[served(&img0, &sock0, "vm0"), served(&img1, &sock1, "vm1")],
     );
+    // Each holds its chain's bound: its L1 table (one entry) and 128 clusters of L2 tables.
+    let held = 128 * CLUSTER + 8;
+    let list = api.ok("export_list", serde_json::json!({}));
+    for e in list.as_array().unwrap() {
+        assert_eq!(e["table_memory"], held, "{e}");
+    }
     let add = serde_json::json!({"id": "vm2", "socket": sock2, "path": img2, "format": "qcow2"});
     let e = api.call("export_add", add.clone()).unwrap_err();
     assert!(
@@ -873,7 +879,11 @@ fn exports_and_snapshots_past_the_daemon_s_table_memory_total_are_refused() {
     drop(c);
     // vm1 gone: vm0's snapshot fits, then nothing more; vm0 gone too: vm2 fits.
     api.ok("export_del", serde_json::json!({"id": "vm1"}));
-    api.ok("export_snapshot", snapshot);
+    let status = api.ok("export_snapshot", snapshot);
+    // The overlay's L1 table as imago made it (header field at 36), under the old chain's.
+    let overlay_l1 = be64_at(&overlay, 32) & 0xffff_ffff;
+    let overlay_held = 8 * overlay_l1 + 128 * CLUSTER;
+    assert_eq!(status["table_memory"], held + overlay_held, "{status}");
     assert!(api.call("export_add", add.clone()).is_err());
     api.ok("export_del", serde_json::json!({"id": "vm0"}));
     api.ok("export_add", add);

@@ -276,6 +276,14 @@ impl Collector for Snapshot {
         )?;
         gauge(
             enc,
+            "mqblk_table_memory_bytes",
+            "A qcow2 export's share of --table-memory-total: what the tables of its backing chain could take in memory.",
+            exports
+                .iter()
+                .filter_map(|e| Some((export(e), e.table_memory?))),
+        )?;
+        gauge(
+            enc,
             "mqblk_connected_frontends",
             "Frontends (VMMs, libblkio programs) connected now: 0 or 1.",
             exports.iter().map(|e| (export(e), u64::from(e.connected))),
@@ -434,6 +442,7 @@ mod tests {
             connected: true,
             connections: 3,
             in_flight: 2,
+            table_memory: (id == "b").then_some(9 << 20),
             failure: (id == "b").then(|| "mqblk-io0-b: panicked: test".into()),
             counters: IoCounters::default(),
             per_thread: vec![IoCounters::default(); threads],
@@ -556,6 +565,11 @@ mod tests {
             vec![(r#"export="vm-1"}"#, "0"), (r#"export="b"}"#, "1")]
         );
         assert_eq!(samples(&text, "mqblk_in_flight_requests")[0].1, "2");
+        // Only for a qcow2 export (b here).
+        assert_eq!(
+            samples(&text, "mqblk_table_memory_bytes"),
+            vec![(r#"export="b"}"#, "9437184")]
+        );
         // Per thread.
         let polls = samples(&text, "mqblk_thread_polls_total");
         assert_eq!(polls.len(), 2 * 3, "hit and miss for each of 3 threads");

@@ -587,6 +587,7 @@ mod tests {
             connected: false,
             connections: 0,
             in_flight: 0,
+            table_memory: None,
             failure: None,
             counters: Default::default(),
             per_thread: Vec::new(),

@@ -31,6 +31,10 @@ pub struct ExportStatus {
     pub connections: u64,
     /// Requests in flight at the engine now.
     pub in_flight: u64,
+    /// For a qcow2 export, the bytes of the daemon's `--table-memory-total` its chain holds
+    /// (what its tables could take); absent for other exports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_memory: Option<u64>,
     /// Why the export failed (an I/O thread died; `export_del` and `export_add` bring it
     /// back); null while it serves.
     pub failure: Option<String>,

@@ -195,6 +195,7 @@ impl Export {
             connected: self.state.connected(),
             connections: self.state.connections.load(Ordering::Relaxed),
             in_flight: d.threads().iter().map(|t| t.counters().in_flight()).sum(),
+            table_memory: d.engine().table_memory(),
             failure: d.failure().reason(),
             counters: d.counters(),
             per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),

@@ -148,6 +148,11 @@ pub trait Engine: Send + Sync {
     fn limits(&self) -> Limits {
         Limits::default()
     }
+    /// The bytes of the daemon's budget for qcow2 tables it holds (a qcow2 engine's
+    /// [`TableLease`](qcow2::table_budget::TableLease)); `None` for the others.
+    fn table_memory(&self) -> Option<u64> {
+        None
+    }
     /// Where to report the failures it contains on its own (see [`FailureReport`]); engines
     /// that have none ignore it.
     fn report_failures_to(&self, report: FailureReport) {

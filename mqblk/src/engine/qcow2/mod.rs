@@ -379,6 +379,15 @@ impl Engine for Qcow2Engine {
         engine::uring::RW_OPCODES
     }
 
+    fn table_memory(&self) -> Option<u64> {
+        Some(
+            self.tables
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .bytes(),
+        )
+    }
+
     fn report_failures_to(&self, report: FailureReport) {
         let _ = self.failure_report.set(report);
     }

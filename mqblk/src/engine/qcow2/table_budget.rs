@@ -100,6 +100,11 @@ pub struct TableLease {
 }
 
 impl TableLease {
+    /// The bytes it holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Holds `bytes` instead (the chain of `image` after a snapshot), if the budget has room;
     /// otherwise holds what it held.
     pub fn grow_to(&mut self, bytes: u64, image: &Path) -> Result<(), OverBudget> {
