@@ -58,6 +58,7 @@ use crate::config::ExportConfig;
 use crate::engine::{
     self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
 };
+use crate::format::qcow2::header;
 pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
 use image::Image;
@@ -122,8 +123,13 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     } else {
         image::check_backing(path, &cfg.qcow2)?;
     }
-    let image = image::open(path, cfg.readonly, cfg.direct, cfg.qcow2.table_memory_max)?;
-    let tables = table_budget::budget().lease(image.tables_bytes, path)?;
+    // The chain's share of the daemon's budget, taken before imago loads any of its tables,
+    // then set to the chain as opened (a file of it may have changed in between).
+    let max = cfg.qcow2.table_memory_max;
+    let layers = header::chain(path, max)?;
+    let mut tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
+    let image = image::open(path, cfg.readonly, cfg.direct, max)?;
+    tables.grow_to(image.tables_bytes, path)?;
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
