@@ -63,8 +63,6 @@ pub struct Image {
     pub backing_files: Vec<std::fs::File>,
     /// log2 of the cluster size.
     pub cluster_bits: u32,
-    /// What the tables of its chain could take in imago's memory (`header::tables_bytes`).
-    pub tables_bytes: u64,
     /// Bumped (after the metadata changed, before the request that changed it completes)
     /// whenever a mapping a thread may have cached stops being true.
     pub epoch: AtomicU64,
@@ -365,15 +363,15 @@ fn open_backing(
     Ok((access, for_ring))
 }
 
-/// Opens the qcow2 image at `path` (which must exist) with its chain.
+/// Opens the qcow2 image at `path` (which must exist) with its chain, `layers`
+/// (`header::chain` of `path`).
 pub fn open(
     path: &Path,
+    layers: &[Layer],
     readonly: bool,
     direct: bool,
-    table_memory_max: u64,
 ) -> Result<Image, OpenError> {
     let top = header::parse(path, &header::read_head(path)?)?;
-    let layers = header::chain(path, table_memory_max)?;
     let mut below = None;
     let mut backing_files = Vec::with_capacity(layers.len() - 1);
     for layer in layers[1..].iter().rev() {
@@ -407,7 +405,6 @@ pub fn open(
         file: for_ring,
         backing_files,
         cluster_bits: top.cluster_bits,
-        tables_bytes: header::tables_bytes(&layers),
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),
         changed: AtomicU64::new(0),

@@ -123,13 +123,10 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     } else {
         image::check_backing(path, &cfg.qcow2)?;
     }
-    // The chain's share of the daemon's budget, taken before imago loads any of its tables,
-    // then set to the chain as opened (a file of it may have changed in between).
-    let max = cfg.qcow2.table_memory_max;
-    let layers = header::chain(path, max)?;
-    let mut tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
-    let image = image::open(path, cfg.readonly, cfg.direct, max)?;
-    tables.grow_to(image.tables_bytes, path)?;
+    // The chain's share of the daemon's budget, taken before imago loads any of its tables.
+    let layers = header::chain(path, cfg.qcow2.table_memory_max)?;
+    let tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
+    let image = image::open(path, &layers, cfg.readonly, cfg.direct)?;
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
@@ -195,6 +192,10 @@ impl Qcow2Engine {
         self.top().image.clone()
     }
 
+    fn tables(&self) -> std::sync::MutexGuard<'_, TableLease> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn control(&self) -> std::sync::MutexGuard<'_, ()> {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -241,21 +242,31 @@ impl Qcow2Engine {
             table_memory_max: self.table_memory_max,
         };
         image::create(overlay, Some(old.access.size()), &cfg)?;
-        let opened =
-            image::open(overlay, false, self.direct, self.table_memory_max).and_then(|mut new| {
-                new.failure_report = self.failure_report.clone();
-                // Made just now, by imago, and not yet allocated in: what a ring's start would
-                // do before the guest's requests reach it (see `Image::mended`).
-                new.mend_tables()
-                    .map_err(io("cannot check the tables of", overlay))?;
-                let new = Arc::new(new);
-                let jobs = start_worker(&new, &self.worker_name, overlay)?;
-                // The overlay's tables on top of the chain's: held before it becomes the top.
-                self.tables
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .grow_to(new.tables_bytes, overlay)?;
-                Ok((new, jobs))
+        let opened = header::chain(overlay, self.table_memory_max)
+            .map_err(OpenError::from)
+            .and_then(|layers| {
+                // The overlay's tables on top of the chain's, held before imago loads them;
+                // given back if the overlay does not become the top.
+                let held = self.tables().bytes();
+                self.tables()
+                    .grow_to(header::tables_bytes(&layers), overlay)?;
+                let opened =
+                    image::open(overlay, &layers, false, self.direct).and_then(|mut new| {
+                        new.failure_report = self.failure_report.clone();
+                        // Made just now, by imago, and not yet allocated in: what a ring's start
+                        // would do before the guest's requests reach it (see `Image::mended`).
+                        new.mend_tables()
+                            .map_err(io("cannot check the tables of", overlay))?;
+                        let new = Arc::new(new);
+                        let jobs = start_worker(&new, &self.worker_name, overlay)?;
+                        Ok((new, jobs))
+                    });
+                if opened.is_err() {
+                    self.tables()
+                        .grow_to(held, overlay)
+                        .expect("a lease can always go back to what it held");
+                }
+                opened
             });
         let (image, jobs) = match opened {
             Ok(o) => o,
@@ -386,12 +397,7 @@ impl Engine for Qcow2Engine {
     }
 
     fn table_memory(&self) -> Option<u64> {
-        Some(
-            self.tables
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .bytes(),
-        )
+        Some(self.tables().bytes())
     }
 
     fn report_failures_to(&self, report: FailureReport) {

@@ -309,6 +309,7 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
     });
     let mut seen = HashSet::new();
     seen.insert(canonical(top)?);
+    let mut tables_bytes = 0u64;
     loop {
         let current = layers.last_mut().expect("the top is there");
         if current.format == BackingFormat::Raw {
@@ -317,8 +318,8 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
         let header = parse(&current.path, &read_head(&current.path)?)?;
         current.tables =
             8 * u64::from(header.l1_entries) + (IMAGO_CACHED_L2_TABLES << header.cluster_bits);
+        tables_bytes += current.tables;
         let current = current.path.clone();
-        let tables_bytes = tables_bytes(layers);
         if tables_bytes > table_memory_max {
             return Err(Qcow2Error::ChainTablesTooLarge {
                 image: top.display().to_string(),
