@@ -29,6 +29,18 @@ fn says(line: &str, want: &[&str], what: &str) {
     eprintln!("ok   {what}: {line}");
 }
 
+/// The stderr of `mqblk serve ARGS`, which must end in a usage error (exit code 2).
+fn usage_error(args: &[&str]) -> String {
+    let out = Command::new(mqblk_bin())
+        .arg("serve")
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 #[test]
 fn bad_export_values_are_refused_with_the_key_named() {
     let dir = TestDir::new();
@@ -216,15 +228,9 @@ fn bad_export_values_are_refused_with_the_key_named() {
         &[&format!("cannot serve metrics on {addr}"), "in use"],
         "--metrics on a busy port",
     );
-    // clap refuses a malformed address itself (usage error, exit code 2).
-    let out = Command::new(mqblk_bin())
-        .args(["serve", "--export", &null, "--metrics", "localhost"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // clap refuses these values itself: a usage error (exit code 2) naming the flag.
     says(
-        &stderr,
+        &usage_error(&["--export", &null, "--metrics", "localhost"]),
         &[
             "--metrics",
             "localhost is not an IP address and port",
@@ -232,14 +238,8 @@ fn bad_export_values_are_refused_with_the_key_named() {
         ],
         "--metrics localhost",
     );
-    let out = Command::new(mqblk_bin())
-        .args(["serve", "--export", &null, "--table-memory-total", "1M"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
     says(
-        &stderr,
+        &usage_error(&["--export", &null, "--table-memory-total", "1M"]),
         &[
             "--table-memory-total",
             "1M is not a size of at least 16M",
