@@ -13,10 +13,8 @@
 set -euo pipefail
 bin=$(realpath "$1"); layers=$2
 dir=${3:-$(mktemp -d)}
-cd "$(dirname "$0")/.."
-cargo build --release -q -p mqblk-client --example read_spread
-reader=$PWD/target/release/examples/read_spread
-mkdir -p "$dir"; cd "$dir"
+. "$(dirname "$0")/crafted-image-lib.sh"
+crafted_setup read_spread "$dir"
 truncate -s 1M base.raw
 prev=base.raw; fmt=raw
 for i in $(seq 1 "$layers"); do
@@ -34,17 +32,15 @@ with open(sys.argv[1], 'r+b') as f:
     f.write(b''.join(struct.pack('>Q', (1 << 63) | ((k + 64) << 21)) for k in range(entries)))
 PY
 done
-sock=$dir/chain.sock; rm -f "$sock"
-"$bin" serve --export "socket=$sock,path=$dir/l$layers.qcow2,format=qcow2,queues=1,readonly=on" \
-    > "$dir/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+sock=$PWD/chain.sock
+crafted_serve "$bin" "$sock" "path=$PWD/l$layers.qcow2,format=qcow2,queues=1,readonly=on"
+pid=$served
 if ! [ -S "$sock" ]; then
-    echo "not served: $(grep -m1 error "$dir/serve.log" || tail -n 1 "$dir/serve.log")"
+    echo "not served: $(grep -m1 error serve.log || tail -n 1 serve.log)"
     kill $pid 2>/dev/null || true
     exit 0
 fi
 echo "$layers images served; daemon $(grep VmRSS /proc/$pid/status)"
-"$reader" "$sock" 128 $((512 << 30))
+"$client" "$sock" 128 $((512 << 30))
 echo "after the reads: $(grep VmRSS /proc/$pid/status), $(grep VmHWM /proc/$pid/status)"
 kill $pid; wait $pid 2>/dev/null || true

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # How long a crafted qcow2 image's refcounts hold an export's first write (docs/RELIABILITY.md):
-# bash scripts/crafted-refcount-walk.sh MQBLK_BINARY MIB [DIR]   (CLUSTER=2M: 2 MiB clusters)
+# bash scripts/crafted-refcount-walk.sh MQBLK_BINARY MIB [DIR]
+#   CLUSTER=2M: 2 MiB clusters; TERM_AFTER=S: SIGTERM the daemon S seconds into the write, and
+#   print how long it took to exit (its shutdown drains the export first).
 #
 # Makes a 256 TiB qcow2 image with 1-bit refcounts in DIR (default: a new temporary directory)
 # and appends MIB MiB of refcount blocks, every bit set, named by the first entries of its
@@ -13,10 +15,8 @@
 set -euo pipefail
 bin=$(realpath "$1"); mib=$2
 dir=${3:-$(mktemp -d)}
-cd "$(dirname "$0")/.."
-cargo build --release -q -p mqblk-client --example timed_write
-writer=$PWD/target/release/examples/timed_write
-mkdir -p "$dir"; cd "$dir"
+. "$(dirname "$0")/crafted-image-lib.sh"
+crafted_setup timed_write "$dir"
 rm -f walk.qcow2
 cluster=$(numfmt --from=iec "${CLUSTER:-64K}")
 qemu-img create -q -f qcow2 -o refcount_bits=1,cluster_size=$cluster walk.qcow2 256T
@@ -33,22 +33,27 @@ with open(path, 'r+b') as f:
     f.seek(reftable)
     f.write(b''.join(struct.pack('>Q', end + i * cluster) for i in range(blocks)))
 PY
-sock=$dir/walk.sock; rm -f "$sock"
-"$bin" serve --export "socket=$sock,path=$dir/walk.qcow2,format=qcow2,queues=1" \
-    > "$dir/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 100); do [ -S "$sock" ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+sock=$PWD/walk.sock
+crafted_serve "$bin" "$sock" "path=$PWD/walk.qcow2,format=qcow2,queues=1"
+pid=$served
 echo "$(du -h walk.qcow2 | cut -f1) image, $mib MiB of refcount blocks"
-"$writer" "$sock" > "$dir/write.log" 2>&1 &
+"$client" "$sock" > write.log 2>&1 &
 writing=$!
+if [ -n "${TERM_AFTER:-}" ]; then
+    sleep "$TERM_AFTER"
+    began=$(date +%s.%N)
+    kill -TERM $pid
+    while kill -0 $pid 2>/dev/null; do sleep 0.05; done
+    echo "SIGTERM ${TERM_AFTER} s into the write: the daemon took $(echo "$(date +%s.%N) - $began" | bc) s to exit"
+fi
 # The write never completes where the queue was refused: the log says so.
-while kill -0 $writing 2>/dev/null && ! grep -q "queue not started" "$dir/serve.log"; do
+while kill -0 $writing 2>/dev/null && ! grep -q "queue not started" serve.log; do
     sleep 0.2
 done
 if kill -0 $writing 2>/dev/null; then
     kill $writing
-    echo "refused: $(grep -m1 -o 'the image.*' "$dir/serve.log")"
+    echo "refused: $(grep -m1 -o 'the image.*' serve.log)"
 else
-    cat "$dir/write.log"
+    cat write.log
 fi
-kill $pid; wait $pid 2>/dev/null || true
+kill $pid 2>/dev/null; wait $pid 2>/dev/null || true

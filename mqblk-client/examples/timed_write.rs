@@ -1,5 +1,5 @@
 //! Writes 4 KiB at offset 0 through the vhost-user socket `socket`, waits up to an hour for
-//! it, and prints how long it took: `cargo run --release -p mqblk-client --example timed_write
+//! it, and prints how long it took to complete or fail: `cargo run --release -p mqblk-client --example timed_write
 //! -- SOCKET`. `scripts/crafted-refcount-walk.sh` uses it to time a backend's first
 //! allocation in a crafted image.
 fn main() -> anyhow::Result<()> {
@@ -10,10 +10,11 @@ fn main() -> anyhow::Result<()> {
     let mut c = mqblk_client::Client::connect(socket, 1)?;
     c.set_timeout(std::time::Duration::from_secs(3600));
     let began = std::time::Instant::now();
-    c.write(0, 0, &[0x5a; 4096])?;
-    println!(
-        "a 4 KiB write at offset 0 took {:.3} s",
-        began.elapsed().as_secs_f64()
-    );
+    let written = c.write(0, 0, &[0x5a; 4096]);
+    let took = began.elapsed().as_secs_f64();
+    match written {
+        Ok(_) => println!("a 4 KiB write at offset 0 took {took:.3} s"),
+        Err(e) => println!("a 4 KiB write at offset 0 failed after {took:.3} s: {e}"),
+    }
     Ok(())
 }

@@ -35,7 +35,7 @@
 //! counts any further out is refused. No image counts clusters that far out unless made to:
 //! what a crash leaves counted past the end is what was being allocated, and mqblk grows the
 //! file at most 16 MiB ahead. What the allocator can walk is then the clusters up to that
-//! bound, rounded up to one block's range: 2.4 s for the widest, a one-bit block of 2 MiB
+//! bound, rounded up to one block's range: 2.3–2.4 s for the widest, a one-bit block of 2 MiB
 //! clusters (docs/RELIABILITY.md; `qemu-img check -r all` mends such an image).
 //!
 //! Why a covered header is what bounds that recursion (imago 0.2.6, `qcow2/allocation.rs`):
