@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use super::qcow2::{self, BackingFormat, ImageFormat};
+use super::qcow2::{self, BackingFormat, ImageFormat, MetadataCommit};
 use super::qos::{limit_key, Bucket, Limit, QosConfig, MAX_BURST_LENGTH, MAX_RATE};
 use super::rbd;
 use super::tuning::PollMode;
@@ -326,6 +326,13 @@ const GENERAL: &[Key] = &[
         |n: &u64| Some(n.to_string()),
         "from 16M to 1T, with optional K/M/G/T suffix",
         "format=qcow2: the most memory the tables of the image and its backing chain may take in imago (each image's L1 table, and 128 of its clusters of L2 tables: 8 MiB an image at 64 KiB clusters, 256 MiB at 2 MiB); a chain that could take more is refused at start (default 2G)",
+    ),
+    choice_key!(
+        "metadata-commit",
+        qcow2.metadata_commit,
+        MetadataCommit { "write" => Write, "flush" => Flush },
+        "write or flush",
+        "format=qcow2: when a write into a new cluster has its mapping written to the image file: `write` (default) before the write completes, so a crash of mqblk loses no acknowledged write (a guest that reconnects finds them all); `flush` at the guest's next flush, as QEMU does (faster allocating writes; a crash loses those since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); needs a qcow2 v3 image",
     ),
     rbd_name_key!(
         "pool",

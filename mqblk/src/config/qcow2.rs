@@ -37,6 +37,21 @@ impl BackingFormat {
     }
 }
 
+/// When the metadata a write changed (the L2 entry of a new cluster, its refcount) reaches the
+/// image file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetadataCommit {
+    /// Before the write completes (the default): a crash of mqblk loses no acknowledged write,
+    /// which a guest that outlives it through a reconnect relies on.
+    #[default]
+    Write,
+    /// At the guest's next flush, as QEMU's qcow2 driver does: a crash of mqblk loses the
+    /// writes into new clusters acknowledged since that flush. The image is marked dirty on
+    /// file meanwhile, so that a crashed daemon's image is refused, naming the loss, rather than
+    /// served behind what its guest was told.
+    Flush,
+}
+
 /// A new image's cluster size unless `cluster-size=` says otherwise (qemu-img's default).
 pub const DEFAULT_CLUSTER_SIZE: u32 = 64 << 10;
 
@@ -78,6 +93,8 @@ pub struct Qcow2Config {
     pub l2_cache_size: u64,
     /// The most memory the tables of the image's chain may take in imago.
     pub table_memory_max: u64,
+    /// When the metadata of a write into a new cluster reaches the image file.
+    pub metadata_commit: MetadataCommit,
 }
 
 impl Default for Qcow2Config {
@@ -88,6 +105,7 @@ impl Default for Qcow2Config {
             cluster_size: DEFAULT_CLUSTER_SIZE,
             l2_cache_size: DEFAULT_L2_CACHE_SIZE,
             table_memory_max: DEFAULT_TABLE_MEMORY_MAX,
+            metadata_commit: MetadataCommit::Write,
         }
     }
 }
@@ -99,6 +117,7 @@ pub const KEYS: &[&str] = &[
     "cluster-size",
     "l2-cache-size",
     "table-memory-max",
+    "metadata-commit",
 ];
 
 /// Whether `n` is a cluster size qcow2 allows.

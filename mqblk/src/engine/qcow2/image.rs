@@ -22,11 +22,12 @@ use imago::{
     StorageOpenOptions,
 };
 
-use crate::config::qcow2::{BackingFormat, Qcow2Config};
+use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
 use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
+use super::dirty_mark::DirtyMark;
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
@@ -95,6 +96,10 @@ pub struct Image {
     pub write_order: Option<Arc<WriteOrder>>,
     /// The top file's tables, for mending outside imago (`None` when read-only).
     pub tables: Option<TableIo>,
+    /// With `metadata-commit=flush` (and writable): the file's dirty mark, set while it lacks
+    /// metadata of completed writes. `None`: each write's metadata reaches the file before it
+    /// completes.
+    pub dirty: Option<DirtyMark>,
     /// Set once the image is given up ([`Image::give_up`]).
     given_up: AtomicBool,
     /// Set once [`Image::mend_tables`] has succeeded: until then nothing may allocate in the
@@ -191,6 +196,17 @@ impl Image {
     /// image needs no mending), so that imago may allocate in it.
     pub fn mended(&self) -> bool {
         self.write_order.is_none() || self.mended.load(Ordering::Acquire)
+    }
+
+    /// The top image file as imago holds it (writes to it through this go under imago's range
+    /// locks).
+    pub fn top_storage(&self) -> &RingFile {
+        self.access
+            .inner()
+            .collect_storage_dependencies()
+            .into_iter()
+            .find(|f| f.write_order().is_some())
+            .expect("a writable image's top file is ordered")
     }
 
     /// Whether every metadata-path write so far has its metadata on stable storage: only then
@@ -364,14 +380,19 @@ fn open_backing(
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain, `layers`
-/// (`header::chain` of `path`).
+/// (`header::chain` of `path`), its metadata reaching the file as `commit` says.
 pub fn open(
     path: &Path,
     layers: &[Layer],
     readonly: bool,
     direct: bool,
+    commit: MetadataCommit,
 ) -> Result<Image, OpenError> {
     let top = header::parse(path, &header::read_head(path)?)?;
+    let dirty = (!readonly && commit == MetadataCommit::Flush).then(DirtyMark::default);
+    if dirty.is_some() && top.version < 3 {
+        return Err(Qcow2Error::FlushCommitNeedsV3(path.display().to_string()).into());
+    }
     let mut below = None;
     let mut backing_files = Vec::with_capacity(layers.len() - 1);
     for layer in layers[1..].iter().rev() {
@@ -417,6 +438,7 @@ pub fn open(
         writes_durable: AtomicU64::new(0),
         write_order,
         tables,
+        dirty,
         given_up: AtomicBool::new(false),
         mended: AtomicBool::new(false),
         failure_report: Arc::default(),

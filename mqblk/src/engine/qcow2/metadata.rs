@@ -24,6 +24,10 @@
 //! its L2 tables, covers every job that finished before it began. A guest flush syncs data
 //! written into new clusters first, then writes back whatever imago still holds and syncs
 //! everything.
+//!
+//! With `metadata-commit=flush` a job's metadata waits for the guest's flush instead, as with
+//! QEMU's qcow2 driver, and a job completes once its data is written and the file is marked
+//! dirty ([`dirty_mark`](super::dirty_mark)), which the flush clears.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -325,7 +329,7 @@ fn serve(image: &Arc<Image>, jobs: &Receiver<Job>, ring: io_uring::IoUring, wake
         tasks.run(&mut |o| outcomes.push(o));
         for outcome in outcomes.drain(..) {
             match outcome {
-                Outcome::Performed(p) if p.done.persist == Persist::Nothing => {
+                Outcome::Performed(p) if completes_now(image, &p) => {
                     to_signal.add(&p.job.replies);
                     reply(image, *p, &Ok(()));
                 }
@@ -391,6 +395,17 @@ impl GroupCommit {
     }
 }
 
+/// Whether a performed job completes without a group commit: it changed no metadata, or the
+/// metadata waits for the guest's flush (`metadata-commit=flush`) and the file is marked dirty
+/// meanwhile ([`dirty_mark`](super::dirty_mark)).
+fn completes_now(image: &Image, p: &Performed) -> bool {
+    match p.done.persist {
+        Persist::Nothing => true,
+        Persist::WriteBack => image.dirty.as_ref().is_some_and(|d| d.marked()),
+        Persist::Sync => false,
+    }
+}
+
 /// Performs a job and reads the mappings its reply will carry.
 async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
     let mut done = perform(&image, &mut job.work).await;
@@ -414,7 +429,11 @@ async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
         };
         if relies {
             done.persist = Persist::WriteBack;
-        } else {
+        }
+        // With `metadata-commit=flush` such a reply waits for no write-back (only for the
+        // file's dirty mark), so it goes without the mappings others are still making: one
+        // may be mapped before its data.
+        if !relies || image.dirty.is_some() {
             hints.retain(|h| {
                 !matches!(h.target, Target::File { layer: 0, .. })
                     || !pending.touches(h.guest, h.len, bits)
@@ -438,10 +457,13 @@ async fn commit(image: Arc<Image>, batch: Vec<Performed>) -> Outcome {
         .max()
         .unwrap_or_default();
     let changed = image.changed.fetch_add(1, Ordering::AcqRel) + 1;
-    let persisted = match persist {
-        Persist::Nothing => Ok(()),
-        Persist::WriteBack => write_back(&image, changed).await,
-        Persist::Sync => flush(&image).await,
+    let persisted = match (persist, &image.dirty) {
+        (Persist::Nothing, _) => Ok(()),
+        // `metadata-commit=flush`: the jobs complete once the file says it lacks their
+        // metadata.
+        (Persist::WriteBack, Some(dirty)) => dirty.mark(image.top_storage()).await,
+        (Persist::WriteBack, None) => write_back(&image, changed).await,
+        (Persist::Sync, _) => flush(&image).await,
     };
     Outcome::Committed(batch, persisted)
 }
@@ -461,6 +483,9 @@ fn reply(image: &Image, p: Performed, persisted: &io::Result<()>) {
     }
     if done.is_write {
         image.writes_in_progress.fetch_sub(1, Ordering::AcqRel);
+    }
+    if let (Some(dirty), Persist::WriteBack) = (&image.dirty, done.persist) {
+        dirty.answering();
     }
     match done.unpersisted {
         Some(Unpersisting::Write { offset, len }) => {
@@ -708,8 +733,10 @@ async fn write_back(image: &Image, changed: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes every completed write and the metadata that points at it durable.
+/// Makes every completed write and the metadata that points at it durable (and clears the
+/// image's dirty mark, if nothing completed meanwhile).
 async fn flush(image: &Image) -> io::Result<()> {
+    let answered = image.dirty.as_ref().map(|d| d.answered());
     let done = image.writes_done.load(Ordering::Acquire);
     if image.writes_durable.load(Ordering::Acquire) != done {
         // Data in newly allocated clusters before the L2 entries that point at it.
@@ -718,6 +745,9 @@ async fn flush(image: &Image) -> io::Result<()> {
     image.access.flush().await?;
     image.access.sync().await?;
     image.writes_durable.fetch_max(done, Ordering::AcqRel);
+    if let (Some(dirty), Some(before)) = (&image.dirty, answered) {
+        dirty.clear(image.top_storage(), before).await?;
+    }
     Ok(())
 }
 

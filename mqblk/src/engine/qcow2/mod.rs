@@ -30,6 +30,7 @@ mod channel;
 mod counted_wakes;
 mod cow;
 mod data_writes;
+mod dirty_mark;
 mod early_maps;
 mod executor;
 mod image;
@@ -53,7 +54,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use futures::executor::block_on;
 use rustix::event::{eventfd, EventfdFlags};
 
-use crate::config::qcow2::{BackingFormat, Qcow2Config};
+use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
 use crate::config::ExportConfig;
 use crate::engine::{
     self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
@@ -91,6 +92,7 @@ pub struct Qcow2Engine {
     block_size: u32,
     l2_cache_size: u64,
     table_memory_max: u64,
+    metadata_commit: MetadataCommit,
     writable: bool,
     direct: bool,
     /// Names the metadata worker's thread.
@@ -126,7 +128,13 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     // The chain's share of the daemon's budget, taken before imago loads any of its tables.
     let layers = header::chain(path, cfg.qcow2.table_memory_max)?;
     let tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
-    let image = image::open(path, &layers, cfg.readonly, cfg.direct)?;
+    let image = image::open(
+        path,
+        &layers,
+        cfg.readonly,
+        cfg.direct,
+        cfg.qcow2.metadata_commit,
+    )?;
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
@@ -165,6 +173,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         block_size,
         l2_cache_size: cfg.qcow2.l2_cache_size,
         table_memory_max: cfg.qcow2.table_memory_max,
+        metadata_commit: cfg.qcow2.metadata_commit,
         writable: !cfg.readonly,
         direct: cfg.direct,
         worker_name,
@@ -205,7 +214,10 @@ impl Qcow2Engine {
     /// migration's switch-over includes), the image's tables mended, then everything imago
     /// caches dropped and the mutable header fields read again.
     fn refresh_image(image: &Image) -> io::Result<()> {
+        // imago reads the header again below, and refuses it marked dirty.
+        let answered = image.dirty.as_ref().map(|d| d.answered());
         block_on(image.access.flush())?;
+        clear_dirty_mark(image, answered)?;
         // Before imago reads a refcount again, and allocates.
         image.mend_tables()?;
         // SAFETY: no request is in flight (the contract of `refresh`, and of `resize` while
@@ -240,6 +252,7 @@ impl Qcow2Engine {
             cluster_size: 1 << old.cluster_bits,
             l2_cache_size: self.l2_cache_size,
             table_memory_max: self.table_memory_max,
+            metadata_commit: self.metadata_commit,
         };
         image::create(overlay, Some(old.access.size()), &cfg)?;
         let opened = header::chain(overlay, self.table_memory_max)
@@ -251,16 +264,17 @@ impl Qcow2Engine {
                 self.tables()
                     .grow_to(header::tables_bytes(&layers), overlay)?;
                 let opened =
-                    image::open(overlay, &layers, false, self.direct).and_then(|mut new| {
-                        new.failure_report = self.failure_report.clone();
-                        // Made just now, by imago, and not yet allocated in: what a ring's start
-                        // would do before the guest's requests reach it (see `Image::mended`).
-                        new.mend_tables()
-                            .map_err(io("cannot check the tables of", overlay))?;
-                        let new = Arc::new(new);
-                        let jobs = start_worker(&new, &self.worker_name, overlay)?;
-                        Ok((new, jobs))
-                    });
+                    image::open(overlay, &layers, false, self.direct, self.metadata_commit)
+                        .and_then(|mut new| {
+                            new.failure_report = self.failure_report.clone();
+                            // Made just now, by imago, and not yet allocated in: what a ring's start
+                            // would do before the guest's requests reach it (see `Image::mended`).
+                            new.mend_tables()
+                                .map_err(io("cannot check the tables of", overlay))?;
+                            let new = Arc::new(new);
+                            let jobs = start_worker(&new, &self.worker_name, overlay)?;
+                            Ok((new, jobs))
+                        });
                 if opened.is_err() {
                     self.tables()
                         .grow_to(held, overlay)
@@ -288,12 +302,23 @@ impl Qcow2Engine {
     }
 }
 
-/// Data, then what imago holds of the metadata, on stable storage (from a control thread:
-/// blocking).
+/// Data, then what imago holds of the metadata, on stable storage, and the image no longer
+/// marked dirty (from a control thread: blocking).
 fn write_back_all(image: &Image) -> io::Result<()> {
+    let answered = image.dirty.as_ref().map(|d| d.answered());
     rustix::fs::fdatasync(&image.file)?;
     block_on(image.access.flush())?;
-    block_on(image.access.sync())
+    block_on(image.access.sync())?;
+    clear_dirty_mark(image, answered)
+}
+
+/// With `metadata-commit=flush`: the dirty mark cleared after a write-back that began when
+/// the mark's count of completions read `answered` (see [`dirty_mark`]).
+fn clear_dirty_mark(image: &Image, answered: Option<u64>) -> io::Result<()> {
+    match (&image.dirty, answered) {
+        (Some(d), Some(before)) => block_on(d.clear(image.top_storage(), before)),
+        _ => Ok(()),
+    }
 }
 
 impl Drop for Qcow2Engine {

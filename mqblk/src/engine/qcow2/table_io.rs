@@ -38,7 +38,9 @@ impl TableIo {
     /// them.
     fn with_tables<R>(&self, f: impl FnOnce(&Tables) -> R) -> io::Result<R> {
         let size = self.file.metadata()?.len();
-        let head = self.read(0, HEAD_BYTES.min(size as usize))?;
+        let mut head = self.read(0, HEAD_BYTES.min(size as usize))?;
+        // Refused at open when set; from then on the mark is ours (`dirty_mark`).
+        header::unmark_dirty(&mut head);
         let header = header::parse(&self.path, &head).map_err(io::Error::other)?;
         let l1 = self.read(header.l1_offset, header.l1_entries as usize * 8)?;
         // Bounded at open: at most 8 MiB.

@@ -22,9 +22,22 @@ const EXT_BACKING_FORMAT: u32 = 0xe279_2aca;
 /// Header extension: the end of the extensions.
 const EXT_END: u32 = 0;
 
-/// The incompatible feature bits (header offset 72, version 3) and what each means for mqblk.
-const DIRTY: u32 = 0;
+/// Where a version 3 header keeps its incompatible feature bits (a big-endian u64).
+pub const INCOMPATIBLE_FEATURES_AT: u64 = 72;
+
+/// The incompatible feature bits and what each means for mqblk. A served image has none set,
+/// so a writer that marks it dirty (`metadata-commit=flush`) knows the whole field.
+pub const DIRTY: u32 = 0;
 const CORRUPT: u32 = 1;
+/// Clears the dirty bit of a version 3 header read from an image this process serves: there
+/// it is the process's own mark (`metadata-commit=flush`), not a sign of a crash.
+pub fn unmark_dirty(head: &mut [u8]) {
+    let at = INCOMPATIBLE_FEATURES_AT as usize + 7;
+    if head.len() > at && be32(head, 4) == 3 {
+        head[at] &= !(1 << DIRTY);
+    }
+}
+
 /// Names of the incompatible features this file knows but mqblk does not serve.
 const UNSERVED: &[(u32, &str)] = &[
     (2, "external data file"),

@@ -38,7 +38,7 @@ pub enum Qcow2Error {
         why: String,
     },
     /// The dirty bit: the image was not closed cleanly, its refcounts may be wrong.
-    #[error("{0} is marked dirty (it was not closed cleanly and its refcounts may be wrong): repair it with `qemu-img check -r all {0}` first")]
+    #[error("{0} is marked dirty (it was not closed cleanly and its refcounts may be wrong; if mqblk served it with metadata-commit=flush, the writes into new clusters acknowledged since the guest's last flush are lost): repair it with `qemu-img check -r all {0}` first")]
     Dirty(String),
     /// The corrupt bit.
     #[error(
@@ -64,6 +64,9 @@ pub enum Qcow2Error {
         /// Where it was looked for.
         backing: String,
     },
+    /// `metadata-commit=flush` on a version 2 image, which has no dirty bit to mark it with.
+    #[error("{0} is a qcow2 version 2 image, and metadata-commit=flush needs version 3 (it marks the image dirty between flushes): upgrade it with `qemu-img amend -o compat=1.1 {0}`, or serve it with metadata-commit=write")]
+    FlushCommitNeedsV3(String),
     /// A backing chain that comes back to itself.
     #[error("the backing chain loops: {0}")]
     BackingLoop(String),
