@@ -356,6 +356,71 @@ fn with_metadata_commit_flush_a_crash_between_flushes_leaves_the_image_refused_n
     }
 }
 
+/// `metadata-commit=flush`: a write into a new cluster that completes while a flush is under
+/// way, its mapping made after the flush wrote the tables back, keeps the image marked. A
+/// debug build's test delay (`MQBLK_TEST_ONLY_DIRTY_CLEAR_DELAY_MS`) holds the flush between
+/// its sync and the clearing of the mark; the write completes inside that window, the flush
+/// completes after it, and mqblk is killed: the image must still be marked (refused at the
+/// next open), since the file lacks that write's mapping. (With the count of completions
+/// taken out of the clearing, the flush unmarked it.)
+#[test]
+fn with_metadata_commit_flush_a_write_completed_during_a_flush_keeps_the_image_marked() {
+    if !has_test_hooks() {
+        return;
+    }
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("q.sock");
+    let export = Export::file(&sock, &img)
+        .queues(2)
+        .set("format", "qcow2")
+        .set("size", &(16 * CLUSTER).to_string())
+        .set("metadata-commit", "flush");
+    let mut cmd = std::process::Command::new(mqblk_bin());
+    cmd.arg("serve").arg("--export").arg(export.spec());
+    cmd.env("MQBLK_TEST_ONLY_DIRTY_CLEAR_DELAY_MS", "1500");
+    let mut d = Daemon::spawn(&dir, cmd, &[&sock]);
+    let dirty_bit = || std::fs::read(&img).unwrap()[79] & 1;
+    let (first, second) = (
+        pattern_bytes(4096, CLUSTER, Some(1)),
+        pattern_bytes(4096, 5 * CLUSTER, Some(2)),
+    );
+    let mut c = Client::connect(&sock, 2).unwrap();
+    c.write(0, CLUSTER, &first).unwrap();
+    assert_eq!(dirty_bit(), 1);
+    // The flush, left in flight: it writes the tables back, syncs, then waits 1.5 s.
+    let sent = std::time::Instant::now();
+    let none = c.together_until(&[Concurrent::Flush { q: 1 }], 0);
+    assert!(none[0].is_none(), "the flush completed at once: {none:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    c.write(0, 5 * CLUSTER, &second).unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_millis(1400),
+        "the write did not complete inside the flush's window"
+    );
+    // The flush completes (it is answered on queue 1, which nothing polls; its end is seen in
+    // the log) and leaves the mark.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        dirty_bit(),
+        1,
+        "the flush unmarked an image lacking a completed write"
+    );
+    d.signal(rustix::process::Signal::KILL);
+    assert!(d.wait_exit(Duration::from_secs(10)).is_some());
+    drop(c);
+    drop(d);
+    let e = serve_fails(&export_arg(export.spec()), Duration::from_secs(10));
+    assert!(e.contains("marked dirty"), "{e}");
+    qemu_img_ok(&["check", "-r", "all", &img.display().to_string()]);
+    let back = read_through_qemu(&img, &dir.join("back.raw"));
+    let at = CLUSTER as usize;
+    assert!(
+        back[at..at + 4096] == first[..],
+        "the flushed write is lost"
+    );
+}
+
 /// `metadata-commit=flush` needs the dirty bit of a version 3 header: a version 2 image is
 /// refused in one line naming the key and the upgrade.
 #[test]

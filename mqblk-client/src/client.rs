@@ -299,6 +299,7 @@ impl Client {
                 Concurrent::WriteZeroes { offset, len, .. } => {
                     queue.write_zeroes(offset, len, tag, ReqFlags::NO_UNMAP);
                 }
+                Concurrent::Flush { .. } => queue.flush(tag, ReqFlags::empty()),
             }
         }
         // Submit on every queue first: libblkio submits a queue's requests when it is polled.
@@ -367,19 +368,26 @@ pub enum Concurrent<'a> {
         /// Bytes.
         len: u64,
     },
+    /// A flush on queue `q`.
+    Flush {
+        /// The queue.
+        q: usize,
+    },
 }
 
 impl Concurrent<'_> {
     fn queue(&self) -> usize {
         match *self {
-            Concurrent::Write { q, .. } | Concurrent::WriteZeroes { q, .. } => q,
+            Concurrent::Write { q, .. }
+            | Concurrent::WriteZeroes { q, .. }
+            | Concurrent::Flush { q } => q,
         }
     }
 
     fn data_len(&self) -> usize {
         match *self {
             Concurrent::Write { data, .. } => data.len(),
-            Concurrent::WriteZeroes { .. } => 0,
+            Concurrent::WriteZeroes { .. } | Concurrent::Flush { .. } => 0,
         }
     }
 }

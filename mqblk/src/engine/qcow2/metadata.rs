@@ -746,6 +746,7 @@ async fn flush(image: &Image) -> io::Result<()> {
     image.access.sync().await?;
     image.writes_durable.fetch_max(done, Ordering::AcqRel);
     if let (Some(dirty), Some(before)) = (&image.dirty, answered) {
+        test_hooks::before_clearing_the_dirty_mark().await;
         dirty.clear(image.top_storage(), before).await?;
     }
     Ok(())

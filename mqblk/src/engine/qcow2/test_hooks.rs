@@ -7,6 +7,10 @@
 //!   purpose. Set to N, the copy-on-write waits N ms there, on its worker's ring (other jobs and
 //!   group commits go on), so that `tests/qcow2.rs` can kill mqblk inside it and check what
 //!   reached the file.
+//! - **A delay** between a flush's sync and the clearing of the image's dirty mark
+//!   (`metadata-commit=flush`, [`dirty_mark`](super::dirty_mark)): set to N, the flush waits
+//!   N ms there, on its worker's ring, so that a test can complete a write into a new cluster
+//!   inside the window (its mapping after the flush's write-back) and check that the mark stays.
 //! - **A panic** of the worker at a guest write: the stand-in for a bug of imago's or ours that
 //!   a crafted image or request reaches. Set to a byte offset, a metadata-path write starting
 //!   there panics the worker, so that `tests/qcow2.rs` can check what contains it
@@ -22,12 +26,31 @@ use crate::test_hooks::debug_only;
 /// The delay's variable, in milliseconds.
 pub const EARLY_DATA_DELAY_ENV: &str = "MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS";
 
+/// The dirty mark's delay's variable, in milliseconds.
+pub const CLEAR_DELAY_ENV: &str = "MQBLK_TEST_ONLY_DIRTY_CLEAR_DELAY_MS";
+
 /// The panic's variable: a guest byte offset.
 pub const WORKER_PANIC_AT_ENV: &str = "MQBLK_TEST_ONLY_WORKER_PANIC_AT";
 
 /// Waits the delay, if one is set.
 pub async fn before_early_data() {
     if let Some(d) = delay() {
+        uring_io::sleep(d).await;
+    }
+}
+
+/// Waits the dirty mark's delay, if one is set.
+pub async fn before_clearing_the_dirty_mark() {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    let delay = *DELAY.get_or_init(|| {
+        let ms = debug_only(CLEAR_DELAY_ENV)?;
+        tracing::warn!(
+            "{CLEAR_DELAY_ENV}={ms}: each flush clears the dirty mark {ms} ms after its sync \
+             (a test's delay)"
+        );
+        Some(Duration::from_millis(ms))
+    });
+    if let Some(d) = delay {
         uring_io::sleep(d).await;
     }
 }
