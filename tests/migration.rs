@@ -45,6 +45,11 @@
 //! written on either side. At the end `qemu-img check` must exit 0 or 3 (leaked clusters only),
 //! the MBR and the cache partition must read back through `qemu-img convert` as written, and the
 //! base must be unchanged but for the commands);
+//! `migration_on_a_qcow2_image_with_metadata_commit_flush` (the same with both daemons serving
+//! the image with `metadata-commit=flush`, so that the source marks the image dirty while the
+//! guest writes and unmarks it when QEMU stops its rings; during the first migration the
+//! destination's mqblk is SIGKILLed while the migration is held and restarted, and so opens the
+//! image while the live source has it marked);
 //! `without_dirty_logging_the_check_fails` (ignored by `cargo test`; `.ci/run` runs it by
 //! name): the first scenario with both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`,
 //! which makes mqblk acknowledge logging but mark nothing: the cache check must find stale
@@ -164,6 +169,26 @@ fn migration_on_a_qcow2_image() {
     run.finish();
 }
 
+/// The same with both daemons serving the image with `metadata-commit=flush`: the source marks
+/// the image dirty while the guest writes, and unmarks it when QEMU stops its rings; the
+/// destination's mqblk, killed while the migration is held and restarted, opens the image
+/// marked by the live source (its serving lock held), and its rings start once the source has
+/// unmarked it.
+#[test]
+fn migration_on_a_qcow2_image_with_metadata_commit_flush() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut run = Run::start(
+        "mqblk-migration-qcow2-flush.",
+        false,
+        Disk::Qcow2FlushCommit,
+    );
+    for (to, kills) in [(1, Kills::DestinationWhileHeld), (0, Kills::None)] {
+        let r = run.migrate(to, kills);
+        run.check(r);
+    }
+    run.finish();
+}
+
 /// The discrimination check: with mqblk marking nothing, the cache check must fail.
 #[test]
 #[ignore = "a third QEMU pair, to show the check catches a backend without dirty logging; .ci/run runs it by name"]
@@ -216,6 +241,14 @@ enum Disk {
     /// writes the last MiB, so it reads the commands, which the test writes into the base, from
     /// the base.
     Qcow2,
+    /// The same, served with `metadata-commit=flush`.
+    Qcow2FlushCommit,
+}
+
+impl Disk {
+    fn is_qcow2(self) -> bool {
+        matches!(self, Disk::Qcow2 | Disk::Qcow2FlushCommit)
+    }
 }
 
 /// Which mqblk kills a migration does.
@@ -225,6 +258,9 @@ enum Kills {
     /// SIGKILL the destination's mqblk while the migration is held and restart it (QEMU
     /// reconnects before the switch-over); after the switch-over, again with requests in flight.
     Both,
+    /// Only the first of those: the destination's mqblk killed while the migration is held and
+    /// restarted (it opens the image while the source serves it).
+    DestinationWhileHeld,
 }
 
 /// One mqblk "host": a socket, a stats file, and the processes that served it in turn.
@@ -255,6 +291,7 @@ impl Backend {
                 match self.disk {
                     Disk::Raw => "",
                     Disk::Qcow2 => ",format=qcow2",
+                    Disk::Qcow2FlushCommit => ",format=qcow2,metadata-commit=flush",
                 }
             ));
         if skip_log {
@@ -371,7 +408,7 @@ impl Run {
         );
         let seed = seed_from_env();
         let mut dir = WorkDir::new(prefix);
-        if disk == Disk::Qcow2 {
+        if disk.is_qcow2() {
             dir.image = dir.path.join("disk.qcow2");
         }
         let backends = ["A", "B"]
@@ -449,7 +486,7 @@ impl Run {
     fn raw_file(&self) -> &Path {
         match self.disk {
             Disk::Raw => &self.dir.image,
-            Disk::Qcow2 => &self.base,
+            Disk::Qcow2 | Disk::Qcow2FlushCommit => &self.base,
         }
     }
 
@@ -470,7 +507,7 @@ impl Run {
             self.expected_md5.push(md5_hex(&chunk)?);
         }
         f.sync_all().map_err(|e| format!("image: {e}"))?;
-        if self.disk == Disk::Qcow2 {
+        if self.disk.is_qcow2() {
             self.base_md5 = self.base_md5()?;
             // The backing file as a relative path: relative to the overlay's directory.
             let image = self.dir.image.display().to_string();
@@ -501,7 +538,7 @@ impl Run {
         let mut failures = Vec::new();
         let view = match self.disk {
             Disk::Raw => self.dir.image.clone(),
-            Disk::Qcow2 => {
+            Disk::Qcow2 | Disk::Qcow2FlushCommit => {
                 let image = self.dir.image.display().to_string();
                 match qemu_img(&["check", "-f", "qcow2", &image]) {
                     Ok((code, text)) => {
@@ -531,7 +568,7 @@ impl Run {
         };
         let how = match self.disk {
             Disk::Raw => "in the image",
-            Disk::Qcow2 => "read through `qemu-img convert`",
+            Disk::Qcow2 | Disk::Qcow2FlushCommit => "read through `qemu-img convert`",
         };
         let data = match std::fs::read(&view) {
             Ok(d) => d,
@@ -562,7 +599,7 @@ impl Run {
                 Err(e) => failures.push(e),
             }
         }
-        if self.disk == Disk::Qcow2 {
+        if self.disk.is_qcow2() {
             match self.base_md5() {
                 Ok(m) if m == self.base_md5 => {}
                 Ok(m) => failures.push(format!(
@@ -817,7 +854,7 @@ impl Run {
             (held && syncs >= 2).then_some(Ok(syncs))
         })??;
         self.event(format!("first pass over (dirty syncs {syncs}); held"));
-        if kills == Kills::Both {
+        if matches!(kills, Kills::Both | Kills::DestinationWhileHeld) {
             self.kill_and_restart(to, false, "while the migration is held")?;
         }
         // Fresh data into pages the first pass sent.

@@ -421,6 +421,88 @@ fn with_metadata_commit_flush_a_write_completed_during_a_flush_keeps_the_image_m
     );
 }
 
+/// `metadata-commit=flush` and a live migration's handover: a second daemon opens the image
+/// while the first serves it marked (the first holds the serving lock), as a migration's
+/// destination does; once the first has written its tables back and unmarked the image (here at
+/// its shutdown; in a migration when QEMU stops its rings), the second serves everything the
+/// first acknowledged. If the first dies instead, the mark stays: the second's queues do not
+/// start, and a daemon started after the crash is refused at open.
+#[test]
+fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a_crash_s_does_not()
+{
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let export = |sock: &Path| {
+        Export::file(sock, &img)
+            .set("format", "qcow2")
+            .set("size", &(16 * CLUSTER).to_string())
+            .set("metadata-commit", "flush")
+    };
+    let dirty_bit = || std::fs::read(&img).unwrap()[79] & 1;
+    let block = |k: u64| pattern_bytes(4096, k * CLUSTER, Some(k + 3));
+
+    // The handover.
+    let a = Daemon::start(&dir, &[export(&sock_a)]);
+    let mut c = Client::connect(&sock_a, 1).unwrap();
+    for k in 0..4 {
+        c.write(0, k * CLUSTER, &block(k)).unwrap();
+    }
+    assert_eq!(dirty_bit(), 1);
+    let b = Daemon::start(&dir, &[export(&sock_b)]);
+    drop(c);
+    a.terminate();
+    assert_eq!(dirty_bit(), 0, "the source unmarks the image as it ends");
+    let mut c = Client::connect(&sock_b, 1).unwrap();
+    for k in 0..4 {
+        assert!(
+            c.read_vec(0, k * CLUSTER, 4096).unwrap() == block(k),
+            "cluster {k}, written through the source, read through the destination"
+        );
+    }
+    for k in 4..8 {
+        c.write(0, k * CLUSTER, &block(k)).unwrap();
+    }
+    drop(c);
+    b.terminate();
+    assert_eq!(dirty_bit(), 0);
+    assert_checks_clean(&img, false);
+    let back = read_through_qemu(&img, &dir.join("back.raw"));
+    for k in 0..8 {
+        let at = (k * CLUSTER) as usize;
+        assert!(back[at..at + 4096] == block(k)[..], "cluster {k}");
+    }
+
+    // The source dies with the image marked.
+    let mut a = Daemon::start(&dir, &[export(&sock_a)]);
+    let mut c = Client::connect(&sock_a, 1).unwrap();
+    c.write(0, 9 * CLUSTER, &block(9)).unwrap();
+    assert_eq!(dirty_bit(), 1);
+    let b = Daemon::start(&dir, &[export(&sock_b)]);
+    a.signal(rustix::process::Signal::KILL);
+    assert!(a.wait_exit(Duration::from_secs(10)).is_some());
+    drop(c);
+    drop(a);
+    let mut c = Client::connect(&sock_b, 1).unwrap();
+    c.set_timeout(Duration::from_secs(2));
+    assert!(
+        c.read_vec(0, 0, 4096).is_err(),
+        "the destination served an image its dead source left marked"
+    );
+    drop(c);
+    b.terminate();
+    assert_eq!(
+        dirty_bit(),
+        1,
+        "the destination unmarked what it never served"
+    );
+    let e = serve_fails(
+        &export_arg(export(&dir.join("c.sock")).spec()),
+        Duration::from_secs(10),
+    );
+    assert!(e.contains("marked dirty"), "{e}");
+}
+
 /// `metadata-commit=flush` needs the dirty bit of a version 3 header: a version 2 image is
 /// refused in one line naming the key and the upgrade.
 #[test]

@@ -18,14 +18,29 @@
 //!
 //! Setting the bit costs one header write per flush interval with allocations in it, clearing
 //! it one more per flush that had set it.
+//!
+//! A mark can also be a live server's: a live migration's destination opens the image while
+//! the source serves it, marked, and the source clears the mark at the switch-over, before the
+//! destination's rings start (and read the header again). So every daemon serving an image in
+//! this mode holds a shared lock on one byte of it ([`hold`]: an open file description lock,
+//! which dies with the process); an image marked dirty whose byte another description holds
+//! is opened, and one marked with the byte free is what a crash left, and is refused.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use imago::StorageExt;
 
 use super::storage::RingFile;
-use crate::format::qcow2::header::{DIRTY, INCOMPATIBLE_FEATURES_AT};
+use crate::format::qcow2::header::{self, DIRTY, INCOMPATIBLE_FEATURES_AT};
+
+/// The byte a serving daemon holds a shared lock on: far past any image's end, and apart from
+/// the bytes QEMU locks (100 and up, 200 and up), so that `qemu-img` on a served image sees
+/// nothing of it.
+const LIVE_LOCK_AT: i64 = 0x6d71_626c_6b00;
 
 /// The dirty mark of one image file (the top of a chain, served writable).
 #[derive(Debug, Default)]
@@ -82,6 +97,40 @@ impl DirtyMark {
     }
 }
 
+/// Takes the shared lock of a server of `file` in this mode, held while the file's open
+/// description lives.
+pub fn hold(file: &File) -> io::Result<()> {
+    lock(file, libc::F_OFD_SETLK, libc::F_RDLCK as i16).map(|_| ())
+}
+
+/// Whether the image at `path` is marked dirty by a live server in this mode: its dirty bit
+/// set (and nothing that an open would write back), and the server's lock held.
+pub fn marked_by_a_live_server(path: &Path) -> io::Result<bool> {
+    let head = header::read_head(path).map_err(io::Error::other)?;
+    if !header::marked_dirty_alone(&head) {
+        return Ok(false);
+    }
+    let probe = File::open(path)?;
+    // Not yet held through `probe`'s own description, so any holder is another's.
+    lock(&probe, libc::F_OFD_GETLK, libc::F_WRLCK as i16).map(|held| held != libc::F_UNLCK as i16)
+}
+
+/// `fcntl(cmd)` with an open file description lock of type `kind` on [`LIVE_LOCK_AT`]; returns
+/// the type `F_OFD_GETLK` reports (`F_UNLCK`: none held in the way).
+fn lock(file: &File, cmd: libc::c_int, kind: i16) -> io::Result<i16> {
+    // SAFETY: an all-zero flock is a valid value of the plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = LIVE_LOCK_AT;
+    fl.l_len = 1;
+    // SAFETY: a descriptor `file` owns, and a flock the call reads and (for GETLK) writes.
+    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type)
+}
+
 async fn write_features(file: &RingFile, bits: u64) -> io::Result<()> {
     file.write(&bits.to_be_bytes()[..], INCOMPATIBLE_FEATURES_AT)
         .await
@@ -91,6 +140,42 @@ async fn write_features(file: &RingFile, bits: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use futures::executor::block_on;
+
+    #[test]
+    fn a_mark_is_a_live_server_s_while_its_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h");
+        let mut head = vec![0u8; 4096];
+        head[..4].copy_from_slice(b"QFI\xfb");
+        head[4..8].copy_from_slice(&3u32.to_be_bytes());
+        std::fs::write(&path, &head).unwrap();
+        let server = File::open(&path).unwrap();
+        hold(&server).unwrap();
+        assert!(!marked_by_a_live_server(&path).unwrap(), "not marked");
+        head[79] = 1;
+        std::fs::write(&path, &head).unwrap();
+        assert!(marked_by_a_live_server(&path).unwrap());
+        head[95] = 1;
+        std::fs::write(&path, &head).unwrap();
+        assert!(
+            !marked_by_a_live_server(&path).unwrap(),
+            "an autoclear bit set"
+        );
+        head[95] = 0;
+        std::fs::write(&path, &head).unwrap();
+        let other = File::open(&path).unwrap();
+        hold(&other).unwrap();
+        drop(server);
+        assert!(
+            marked_by_a_live_server(&path).unwrap(),
+            "the other server holds it"
+        );
+        drop(other);
+        assert!(
+            !marked_by_a_live_server(&path).unwrap(),
+            "no server: a crash's mark"
+        );
+    }
 
     #[test]
     fn the_mark_is_cleared_only_by_a_write_back_that_no_completion_followed() {

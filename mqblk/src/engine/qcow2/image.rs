@@ -27,7 +27,7 @@ use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
-use super::dirty_mark::DirtyMark;
+use super::dirty_mark::{self, DirtyMark};
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
 use super::storage::RingFile;
@@ -379,16 +379,33 @@ fn open_backing(
     Ok((access, for_ring))
 }
 
+/// How the top image of a chain is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct TopOptions {
+    /// Never written.
+    pub readonly: bool,
+    /// With O_DIRECT.
+    pub direct: bool,
+    /// When a write's metadata reaches the file.
+    pub commit: MetadataCommit,
+    /// Its dirty bit is a live server's mark ([`dirty_mark`](super::dirty_mark)): let through.
+    pub marked_live: bool,
+}
+
 /// Opens the qcow2 image at `path` (which must exist) with its chain, `layers`
-/// (`header::chain` of `path`), its metadata reaching the file as `commit` says.
-pub fn open(
-    path: &Path,
-    layers: &[Layer],
-    readonly: bool,
-    direct: bool,
-    commit: MetadataCommit,
-) -> Result<Image, OpenError> {
-    let top = header::parse(path, &header::read_head(path)?)?;
+/// (`header::chain` of `path`), as `opts` say.
+pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, OpenError> {
+    let TopOptions {
+        readonly,
+        direct,
+        commit,
+        marked_live,
+    } = opts;
+    let mut head = header::read_head(path)?;
+    if marked_live {
+        header::unmark_dirty(&mut head);
+    }
+    let top = header::parse(path, &head)?;
     let dirty = (!readonly && commit == MetadataCommit::Flush).then(DirtyMark::default);
     if dirty.is_some() && top.version < 3 {
         return Err(Qcow2Error::FlushCommitNeedsV3(path.display().to_string()).into());
@@ -413,6 +430,10 @@ pub fn open(
     }
     let write_order = top_file.write_order();
     let tables = writable.then(|| top_file.tables());
+    // Only while imago reads the header: from then on imago and this process write it, and
+    // the live server clears its mark before this image's rings start (and imago reads the
+    // header again).
+    top_file.hide_dirty_bit(marked_live);
     let qcow2 = block_on(
         Qcow2::builder(top_file)
             .backing(below)
@@ -421,7 +442,7 @@ pub fn open(
             .open(DenyImplicitOpenGate::default()),
     )
     .map_err(io_err("cannot open the qcow2 image", path))?;
-    Ok(Image {
+    let image = Image {
         access: FormatAccess::new(qcow2),
         file: for_ring,
         backing_files,
@@ -442,7 +463,12 @@ pub fn open(
         given_up: AtomicBool::new(false),
         mended: AtomicBool::new(false),
         failure_report: Arc::default(),
-    })
+    };
+    if image.dirty.is_some() {
+        image.top_storage().hide_dirty_bit(false);
+        dirty_mark::hold(&image.file).map_err(io_err("cannot lock a byte of", path))?;
+    }
+    Ok(image)
 }
 
 /// The virtual size of `layer`: a raw file's length, a qcow2 image's header size.

@@ -125,16 +125,32 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     } else {
         image::check_backing(path, &cfg.qcow2)?;
     }
+    let commit = cfg.qcow2.metadata_commit;
+    // Another daemon's mark (a live migration's source), not a crash's: see `dirty_mark`.
+    let marked_live = commit == MetadataCommit::Flush
+        && !cfg.readonly
+        && dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
+            what: "cannot read the header of",
+            path: path.display().to_string(),
+            err,
+        })?;
     // The chain's share of the daemon's budget, taken before imago loads any of its tables.
-    let layers = header::chain(path, cfg.qcow2.table_memory_max)?;
+    let layers = header::chain(path, cfg.qcow2.table_memory_max, marked_live)?;
     let tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
-    let image = image::open(
-        path,
-        &layers,
-        cfg.readonly,
-        cfg.direct,
-        cfg.qcow2.metadata_commit,
-    )?;
+    let opts = image::TopOptions {
+        readonly: cfg.readonly,
+        direct: cfg.direct,
+        commit,
+        marked_live,
+    };
+    let image = image::open(path, &layers, opts)?;
+    if marked_live {
+        tracing::info!(
+            image = %path.display(),
+            "the image is marked dirty by a live server (metadata-commit=flush): served, as a \
+             live migration's destination; its rings start once that server unmarks it"
+        );
+    }
     let failure_report = image.failure_report.clone();
     let size = image.access.size();
     if let Some(given) = cfg.size.filter(|&s| s != size) {
@@ -218,6 +234,14 @@ impl Qcow2Engine {
         let answered = image.dirty.as_ref().map(|d| d.answered());
         block_on(image.access.flush())?;
         clear_dirty_mark(image, answered)?;
+        if image.dirty.as_ref().is_some_and(|d| !d.marked()) && marked_on_file(image)? {
+            // Another server's mark: it still serves the image (a migration's source whose
+            // rings have not stopped), and nothing here may touch it yet.
+            return Err(io::Error::other(
+                "the image is still marked dirty by the server it came from \
+                 (metadata-commit=flush), which must stop its queues first",
+            ));
+        }
         // Before imago reads a refcount again, and allocates.
         image.mend_tables()?;
         // SAFETY: no request is in flight (the contract of `refresh`, and of `resize` while
@@ -255,7 +279,7 @@ impl Qcow2Engine {
             metadata_commit: self.metadata_commit,
         };
         image::create(overlay, Some(old.access.size()), &cfg)?;
-        let opened = header::chain(overlay, self.table_memory_max)
+        let opened = header::chain(overlay, self.table_memory_max, false)
             .map_err(OpenError::from)
             .and_then(|layers| {
                 // The overlay's tables on top of the chain's, held before imago loads them;
@@ -263,18 +287,22 @@ impl Qcow2Engine {
                 let held = self.tables().bytes();
                 self.tables()
                     .grow_to(header::tables_bytes(&layers), overlay)?;
-                let opened =
-                    image::open(overlay, &layers, false, self.direct, self.metadata_commit)
-                        .and_then(|mut new| {
-                            new.failure_report = self.failure_report.clone();
-                            // Made just now, by imago, and not yet allocated in: what a ring's start
-                            // would do before the guest's requests reach it (see `Image::mended`).
-                            new.mend_tables()
-                                .map_err(io("cannot check the tables of", overlay))?;
-                            let new = Arc::new(new);
-                            let jobs = start_worker(&new, &self.worker_name, overlay)?;
-                            Ok((new, jobs))
-                        });
+                let opts = image::TopOptions {
+                    readonly: false,
+                    direct: self.direct,
+                    commit: self.metadata_commit,
+                    marked_live: false,
+                };
+                let opened = image::open(overlay, &layers, opts).and_then(|mut new| {
+                    new.failure_report = self.failure_report.clone();
+                    // Made just now, by imago, and not yet allocated in: what a ring's start
+                    // would do before the guest's requests reach it (see `Image::mended`).
+                    new.mend_tables()
+                        .map_err(io("cannot check the tables of", overlay))?;
+                    let new = Arc::new(new);
+                    let jobs = start_worker(&new, &self.worker_name, overlay)?;
+                    Ok((new, jobs))
+                });
                 if opened.is_err() {
                     self.tables()
                         .grow_to(held, overlay)
@@ -310,6 +338,17 @@ fn write_back_all(image: &Image) -> io::Result<()> {
     block_on(image.access.flush())?;
     block_on(image.access.sync())?;
     clear_dirty_mark(image, answered)
+}
+
+/// Whether the image file's header carries the dirty bit.
+fn marked_on_file(image: &Image) -> io::Result<bool> {
+    let Some(tables) = &image.tables else {
+        return Ok(false);
+    };
+    let at = header::INCOMPATIBLE_FEATURES_AT;
+    let bytes = tables.read(at, 8)?;
+    let bits = u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
+    Ok(bits & (1 << header::DIRTY) != 0)
 }
 
 /// With `metadata-commit=flush`: the dirty mark cleared after a write-back that began when

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use imago::io_buffers::{IoVector, IoVectorMut};
@@ -26,6 +26,7 @@ use super::data_writes;
 use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
+use crate::format::qcow2::header::{DIRTY, INCOMPATIBLE_FEATURES_AT};
 
 /// The most the top image file is grown ahead of its writes at a time (see
 /// `RingFile::grow_for`).
@@ -57,6 +58,9 @@ pub struct RingFile {
     tables: TableIo,
     /// Held through a sync that [`WriteOrder`] asked for.
     syncing: futures::lock::Mutex<()>,
+    /// Reads show the header without its dirty bit: while imago opens an image a live server
+    /// has marked ([`dirty_mark`](super::dirty_mark)), which it would refuse.
+    hide_dirty: AtomicBool,
     helper: CommonStorageHelper,
 }
 
@@ -89,6 +93,7 @@ impl RingFile {
             order: None,
             tables,
             syncing: futures::lock::Mutex::new(()),
+            hide_dirty: AtomicBool::new(false),
             helper: CommonStorageHelper::default(),
         })
     }
@@ -97,6 +102,11 @@ impl RingFile {
     pub fn ordered(mut self) -> io::Result<RingFile> {
         self.order = Some(Arc::new(self.tables.write_order()?));
         Ok(self)
+    }
+
+    /// Whether reads show the header without its dirty bit (see `hide_dirty`).
+    pub fn hide_dirty_bit(&self, hide: bool) {
+        self.hide_dirty.store(hide, Ordering::Release);
     }
 
     /// Its write ordering, if it has one.
@@ -232,6 +242,9 @@ impl RingFile {
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res as i32));
         }
+        if !write && self.hide_dirty.load(Ordering::Acquire) {
+            hide_dirty_bit(iovecs, offset, res as u64);
+        }
         if let (true, Some(order)) = (write, &self.order) {
             self.wrote(order, mode, iovecs, offset, res as u64);
         }
@@ -287,6 +300,25 @@ impl RingFile {
                 _ => return Err(err),
             }
         }
+    }
+}
+
+/// Clears the dirty bit in `done` bytes read into `iovecs` from `offset`, if they hold it.
+fn hide_dirty_bit(iovecs: &[libc::iovec], offset: u64, done: u64) {
+    let byte = INCOMPATIBLE_FEATURES_AT + 7;
+    if !(offset..offset + done).contains(&byte) {
+        return;
+    }
+    let mut at = byte - offset;
+    for v in iovecs {
+        let len = v.iov_len as u64;
+        if at < len {
+            // SAFETY: the iovec's buffer is valid for this call (imago's), and byte `at` of it
+            // was just read into.
+            unsafe { *v.iov_base.cast::<u8>().add(at as usize) &= !(1 << DIRTY) };
+            return;
+        }
+        at -= len;
     }
 }
 

@@ -38,6 +38,16 @@ pub fn unmark_dirty(head: &mut [u8]) {
     }
 }
 
+/// Whether a head read from an image carries the dirty bit and nothing that an opening
+/// library would write back into the header (autoclear feature bits, which imago clears on a
+/// writable open by writing the whole header, the dirty bit with it).
+pub fn marked_dirty_alone(head: &[u8]) -> bool {
+    head.len() >= 104
+        && be32(head, 4) == 3
+        && be64(head, INCOMPATIBLE_FEATURES_AT as usize) == 1 << DIRTY
+        && be64(head, 88) == 0
+}
+
 /// Names of the incompatible features this file knows but mqblk does not serve.
 const UNSERVED: &[(u32, &str)] = &[
     (2, "external data file"),
@@ -299,22 +309,33 @@ pub fn tables_bytes(layers: &[Layer]) -> u64 {
 /// A missing backing file, a name that is not a plain path, a loop, a chain of more than
 /// [`MAX_CHAIN`] images and one whose tables could take more than `table_memory_max` bytes in
 /// imago (each image's L1 table and [`IMAGO_CACHED_L2_TABLES`] of its clusters) are refused.
-pub fn chain(top: &Path, table_memory_max: u64) -> Result<Vec<Layer>, Qcow2Error> {
+/// With `top_marked_live`, the top's dirty bit is another live server's mark (see
+/// `engine::qcow2::dirty_mark`), not a crash's, and is let through.
+pub fn chain(
+    top: &Path,
+    table_memory_max: u64,
+    top_marked_live: bool,
+) -> Result<Vec<Layer>, Qcow2Error> {
     let mut layers = Vec::new();
-    walk(top, table_memory_max, &mut layers).map(|()| layers)
+    walk(top, table_memory_max, top_marked_live, &mut layers).map(|()| layers)
 }
 
 /// The images of the chain under `top` (`top` first) as far as it can be followed: what a
 /// sandbox must let the daemon read for [`chain`] to say what is wrong with the rest.
 pub fn reachable(top: &Path) -> Vec<Layer> {
     let mut layers = Vec::new();
-    let _ = walk(top, u64::MAX, &mut layers);
+    let _ = walk(top, u64::MAX, true, &mut layers);
     layers
 }
 
 /// Follows the chain under `top`, appending each image to `layers`, until its end or the first
 /// image that cannot be followed.
-fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<(), Qcow2Error> {
+fn walk(
+    top: &Path,
+    table_memory_max: u64,
+    top_marked_live: bool,
+    layers: &mut Vec<Layer>,
+) -> Result<(), Qcow2Error> {
     layers.push(Layer {
         path: top.to_path_buf(),
         format: BackingFormat::Qcow2,
@@ -323,12 +344,18 @@ fn walk(top: &Path, table_memory_max: u64, layers: &mut Vec<Layer>) -> Result<()
     let mut seen = HashSet::new();
     seen.insert(canonical(top)?);
     let mut tables_bytes = 0u64;
+    let mut at_top = true;
     loop {
         let current = layers.last_mut().expect("the top is there");
         if current.format == BackingFormat::Raw {
             return Ok(());
         }
-        let header = parse(&current.path, &read_head(&current.path)?)?;
+        let mut head = read_head(&current.path)?;
+        if top_marked_live && at_top {
+            unmark_dirty(&mut head);
+        }
+        at_top = false;
+        let header = parse(&current.path, &head)?;
         current.tables =
             8 * u64::from(header.l1_entries) + (IMAGO_CACHED_L2_TABLES << header.cluster_bits);
         tables_bytes += current.tables;
@@ -551,11 +578,13 @@ mod tests {
         write_chain(d, "", MAX_CHAIN, |_| ());
         let deepest = d.join(format!("{}.qcow2", MAX_CHAIN - 1));
         assert_eq!(
-            chain(&deepest, DEFAULT_TABLE_MEMORY_MAX).unwrap().len(),
+            chain(&deepest, DEFAULT_TABLE_MEMORY_MAX, false)
+                .unwrap()
+                .len(),
             MAX_CHAIN
         );
         let too_deep = d.join(format!("{MAX_CHAIN}.qcow2"));
-        let e = chain(&too_deep, DEFAULT_TABLE_MEMORY_MAX)
+        let e = chain(&too_deep, DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -576,13 +605,13 @@ mod tests {
             h[20..24].copy_from_slice(&21u32.to_be_bytes())
         });
         assert_eq!(
-            chain(&d.join("7.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+            chain(&d.join("7.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false)
                 .unwrap()
                 .len(),
             8
         );
         let top = d.join("8.qcow2");
-        let e = chain(&top, DEFAULT_TABLE_MEMORY_MAX)
+        let e = chain(&top, DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -596,14 +625,16 @@ mod tests {
         write_chain(d, "l", 64, |h| {
             h[36..40].copy_from_slice(&(4u32 << 20).to_be_bytes())
         });
-        assert!(chain(&d.join("l51.qcow2"), DEFAULT_TABLE_MEMORY_MAX).is_ok());
-        let e = chain(&d.join("l52.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+        assert!(chain(&d.join("l51.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false).is_ok());
+        let e = chain(&d.join("l52.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("2080 MiB"), "{e}");
         // The bound is the export's: half of it refuses the fourth 2 MiB-cluster image.
-        assert_eq!(chain(&d.join("3.qcow2"), 1 << 30).unwrap().len(), 4);
-        let e = chain(&d.join("4.qcow2"), 1 << 30).unwrap_err().to_string();
+        assert_eq!(chain(&d.join("3.qcow2"), 1 << 30, false).unwrap().len(), 4);
+        let e = chain(&d.join("4.qcow2"), 1 << 30, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("more than table-memory-max=1024M"), "{e}");
     }
 
@@ -619,7 +650,7 @@ mod tests {
         .unwrap();
         // No format recorded: probed by magic, as QEMU does for old images.
         std::fs::write(d.join("top.qcow2"), v3(4096, 0, Some(("mid.qcow2", None)))).unwrap();
-        let c = chain(&d.join("top.qcow2"), DEFAULT_TABLE_MEMORY_MAX).unwrap();
+        let c = chain(&d.join("top.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false).unwrap();
         let formats: Vec<_> = c.iter().map(|l| l.format).collect();
         assert_eq!(
             formats,
@@ -636,7 +667,7 @@ mod tests {
             v3(4096, 0, Some(("gone.raw", Some("raw")))),
         )
         .unwrap();
-        let e = chain(&d.join("hole.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+        let e = chain(&d.join("hole.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -654,7 +685,7 @@ mod tests {
             v3(4096, 0, Some(("x.qcow2", Some("qcow2")))),
         )
         .unwrap();
-        let e = chain(&d.join("x.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+        let e = chain(&d.join("x.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -667,7 +698,7 @@ mod tests {
             v3(4096, 0, Some(("base.raw", Some("vmdk")))),
         )
         .unwrap();
-        let e = chain(&d.join("vmdk.qcow2"), DEFAULT_TABLE_MEMORY_MAX)
+        let e = chain(&d.join("vmdk.qcow2"), DEFAULT_TABLE_MEMORY_MAX, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("vmdk"), "{e}");
