@@ -1,5 +1,6 @@
 //! A qcow2 image of arbitrary bytes, served as mqblk serves an export: its header checks
-//! (`mqblk::format::qcow2`) and imago's open of the image; for a writable one, a resize by 1 MiB
+//! (`mqblk::format::qcow2`) and imago's open of the image (writable, with `metadata-commit=flush`
+//! for inputs of odd length, `write` for the others); for a writable one, a resize by 1 MiB
 //! (an `export_resize` before any frontend connects), then what the daemon
 //! does before its first queue starts (`Engine::refresh`: imago's write-back, mqblk's own check
 //! and mending of the refcounts of the image's tables, imago's cache dropped); then a guest's
@@ -40,9 +41,14 @@ pub fn run(data: &[u8]) {
         .unwrap_or(".");
     let path = format!("{dir}/mqblk-fuzz-qcow2-{}.img", std::process::id());
     std::fs::write(&path, &image).expect("writing the image");
+    // Half the inputs (by length) are served writable with `metadata-commit=flush`: the dirty
+    // mark is written into the header and cleared at the flush (and the open checks whether a
+    // live server holds a mark the input may carry).
+    let commit = if data.len() % 2 == 1 { "flush" } else { "write" };
     for readonly in ["on", "off"] {
         let spec = format!(
-            "socket=/nonexistent.sock,path={path},format=qcow2,direct=off,readonly={readonly}"
+            "socket=/nonexistent.sock,path={path},format=qcow2,direct=off,readonly={readonly},\
+             metadata-commit={commit}"
         );
         let cfg = mqblk::config::parse_export_spec(&spec).expect("a valid export spec");
         if let Ok(engine) = mqblk::engine::open(&cfg) {
