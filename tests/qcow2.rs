@@ -275,6 +275,19 @@ fn flushed_data_survives_sigkill_mid_write() {
     d2.terminate();
 }
 
+/// A new image of 16 clusters at `img`, served on `sock` with `metadata-commit=flush`.
+fn flush_commit_export(sock: &Path, img: &Path) -> Export {
+    Export::file(sock, img)
+        .set("format", "qcow2")
+        .set("size", &(16 * CLUSTER).to_string())
+        .set("metadata-commit", "flush")
+}
+
+/// The dirty bit of the qcow2 header of `img` (incompatible features, byte 79).
+fn dirty_bit(img: &Path) -> u8 {
+    std::fs::read(img).unwrap()[79] & 1
+}
+
 /// `metadata-commit=flush`: a write into a new cluster completes before its mapping is in the
 /// image file, as with QEMU's qcow2 driver, and the image is marked dirty from the first such
 /// write until a flush. A SIGKILL between flushes then leaves an image that is refused in one
@@ -285,11 +298,8 @@ fn with_metadata_commit_flush_a_crash_between_flushes_leaves_the_image_refused_n
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
     let sock = dir.join("q.sock");
-    let export = Export::file(&sock, &img)
-        .set("format", "qcow2")
-        .set("size", &(16 * CLUSTER).to_string())
-        .set("metadata-commit", "flush");
-    let dirty_bit = || std::fs::read(&img).unwrap()[79] & 1;
+    let export = flush_commit_export(&sock, &img);
+    let dirty_bit = || dirty_bit(&img);
     let block = |k: u64, seed: u64| pattern_bytes(4096, k * CLUSTER, Some(seed));
     let write_clusters = |c: &mut Client, ks: std::ops::Range<u64>, seed: u64| {
         for k in ks {
@@ -371,16 +381,12 @@ fn with_metadata_commit_flush_a_write_completed_during_a_flush_keeps_the_image_m
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
     let sock = dir.join("q.sock");
-    let export = Export::file(&sock, &img)
-        .queues(2)
-        .set("format", "qcow2")
-        .set("size", &(16 * CLUSTER).to_string())
-        .set("metadata-commit", "flush");
+    let export = flush_commit_export(&sock, &img).queues(2);
     let mut cmd = std::process::Command::new(mqblk_bin());
     cmd.arg("serve").arg("--export").arg(export.spec());
     cmd.env("MQBLK_TEST_ONLY_DIRTY_CLEAR_DELAY_MS", "1500");
     let mut d = Daemon::spawn(&dir, cmd, &[&sock]);
-    let dirty_bit = || std::fs::read(&img).unwrap()[79] & 1;
+    let dirty_bit = || dirty_bit(&img);
     let (first, second) = (
         pattern_bytes(4096, CLUSTER, Some(1)),
         pattern_bytes(4096, 5 * CLUSTER, Some(2)),
@@ -433,13 +439,8 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
     let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
-    let export = |sock: &Path| {
-        Export::file(sock, &img)
-            .set("format", "qcow2")
-            .set("size", &(16 * CLUSTER).to_string())
-            .set("metadata-commit", "flush")
-    };
-    let dirty_bit = || std::fs::read(&img).unwrap()[79] & 1;
+    let export = |sock: &Path| flush_commit_export(sock, &img);
+    let dirty_bit = || dirty_bit(&img);
     let block = |k: u64| pattern_bytes(4096, k * CLUSTER, Some(k + 3));
 
     // The handover.
@@ -747,12 +748,8 @@ fn runtime_snapshot_under_load(commit: &str) {
         std::fs::read(&img).unwrap() == old_right_after,
         "the old image changed after the snapshot"
     );
-    assert_eq!(old_right_after[79] & 1, 0, "the old image is marked dirty");
-    assert_eq!(
-        std::fs::read(&overlay).unwrap()[79] & 1,
-        0,
-        "the new top is marked dirty"
-    );
+    assert_eq!(dirty_bit(&img), 0, "the old image is marked dirty");
+    assert_eq!(dirty_bit(&overlay), 0, "the new top is marked dirty");
     assert_checks_clean(&img, false);
     let info = qemu_img_ok(&["info", &img.display().to_string()]);
     assert!(!info.contains("backing file"), "{info}");
