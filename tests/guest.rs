@@ -14,7 +14,10 @@
 //! Tests: `guest_writes_and_reads_back_through_vhost_user_blk` (the raw image above) and
 //! `guest_writes_and_reads_back_through_a_qcow2_overlay`: the same guest run on a `format=qcow2`
 //! export, an overlay with 2 MiB clusters that mqblk creates over a raw base image
-//! (`backing=base.raw,backing-format=raw`). The base holds zeros where the guest expects zeros
+//! (`backing=base.raw,backing-format=raw`); and
+//! `guest_writes_and_reads_back_through_a_qcow2_overlay_with_metadata_commit_flush`, the same
+//! with `metadata-commit=flush` (the guest's fsync writes the tables back and unmarks the
+//! image; the image is checked, by QEMU, while mqblk still serves it). The base holds zeros where the guest expects zeros
 //! and other data (the pattern of another seed) where the guest writes, so every guest write
 //! into a cluster of the overlay that is not yet allocated copies the rest of the cluster from
 //! the base, and that old data must be overwritten by the guest's later writes: its 64 KiB
@@ -66,7 +69,14 @@ fn guest_writes_and_reads_back_through_vhost_user_blk() {
 
 #[test]
 fn guest_writes_and_reads_back_through_a_qcow2_overlay() {
-    guest_run(Disk::Qcow2);
+    guest_run(Disk::Qcow2 {
+        flush_commit: false,
+    });
+}
+
+#[test]
+fn guest_writes_and_reads_back_through_a_qcow2_overlay_with_metadata_commit_flush() {
+    guest_run(Disk::Qcow2 { flush_commit: true });
 }
 
 /// The tests run one at a time: each runs a TCG guest on a small machine.
@@ -132,7 +142,7 @@ fn guest_run(disk: Disk) {
     // write-through, so the guest sends no flush, and keeps the qcow2 metadata in memory: with
     // it, the qcow2 image is checked only after it has exited.
     let mut image_ok = true;
-    if !(disk == Disk::Qcow2 && backend == BackendKind::Qsd) {
+    if !(matches!(disk, Disk::Qcow2 { .. }) && backend == BackendKind::Qsd) {
         let image_before = run.check_disk();
         image_ok = image_before.is_empty();
         failures.extend(image_before);
@@ -171,8 +181,9 @@ enum Disk {
     /// A raw image: the file holds the guest's bytes.
     Raw,
     /// A qcow2 overlay with `QCOW2_CLUSTER` clusters over a raw base image (see the top of this
-    /// file); QEMU reads the guest's bytes out of it for the checks.
-    Qcow2,
+    /// file); QEMU reads the guest's bytes out of it for the checks. `flush_commit`: served
+    /// with `metadata-commit=flush`.
+    Qcow2 { flush_commit: bool },
 }
 
 /// The qcow2 overlay's cluster size: larger than the guest's 64 KiB writes, so that each first
@@ -213,7 +224,7 @@ struct Run {
 impl Run {
     fn new(seed: u64, disk: Disk) -> Self {
         let mut dir = WorkDir::new("mqblk-guest.");
-        if disk == Disk::Qcow2 {
+        if matches!(disk, Disk::Qcow2 { .. }) {
             dir.image = dir.path.join("disk.qcow2");
         }
         Run {
@@ -235,7 +246,7 @@ impl Run {
                 write_image(&self.dir.image, size, None);
                 None
             }
-            Disk::Qcow2 => {
+            Disk::Qcow2 { .. } => {
                 let base = base_image(self.seed);
                 fs::write(&self.base, &base)
                     .unwrap_or_else(|e| panic!("writing {}: {e}", self.base.display()));
@@ -264,14 +275,16 @@ impl Run {
                 let bin = Path::new(env!("CARGO_BIN_EXE_mqblk"));
                 let mut cmd = match self.disk {
                     Disk::Raw => mqblk_serve(bin, &self.dir, QUEUES),
-                    Disk::Qcow2 => {
+                    Disk::Qcow2 { flush_commit } => {
                         // mqblk creates the overlay (the backing path as given: relative to
                         // the overlay's directory).
                         let export = format!(
                             "socket={},path={},queues={QUEUES},format=qcow2,backing=base.raw,\
-                             backing-format=raw,cluster-size={QCOW2_CLUSTER}",
+                             backing-format=raw,cluster-size={QCOW2_CLUSTER},\
+                             metadata-commit={}",
                             self.dir.socket.display(),
-                            self.dir.image.display()
+                            self.dir.image.display(),
+                            if flush_commit { "flush" } else { "write" }
                         );
                         let mut cmd = Command::new(bin);
                         cmd.env("NO_COLOR", "1")
@@ -290,7 +303,7 @@ impl Run {
                 ));
                 let node = match self.disk {
                     Disk::Raw => "file0",
-                    Disk::Qcow2 => {
+                    Disk::Qcow2 { .. } => {
                         // The backing image is opened as the overlay's header names it.
                         cmd.arg("--blockdev")
                             .arg("driver=qcow2,node-name=fmt0,file=file0");
@@ -312,7 +325,7 @@ impl Run {
     fn check_disk(&self) -> Vec<String> {
         match self.disk {
             Disk::Raw => check_image(&self.dir.image, self.seed),
-            Disk::Qcow2 => {
+            Disk::Qcow2 { .. } => {
                 let out = self.dir.path.join("converted.raw");
                 let _ = fs::remove_file(&out);
                 let (image, raw) = (
