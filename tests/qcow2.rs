@@ -437,8 +437,10 @@ fn with_metadata_commit_flush_a_write_completed_during_a_flush_keeps_the_image_m
 fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a_crash_s_does_not()
 {
     let dir = TestDir::new();
+    // The destination's own directory, for a log of its own.
+    let dir_b = TestDir::new();
     let img = dir.join("disk.qcow2");
-    let (sock_a, sock_b) = (dir.join("a.sock"), dir.join("b.sock"));
+    let (sock_a, sock_b) = (dir.join("a.sock"), dir_b.join("b.sock"));
     let export = |sock: &Path| flush_commit_export(sock, &img);
     let dirty_bit = || dirty_bit(&img);
     let block = |k: u64| pattern_bytes(4096, k * CLUSTER, Some(k + 3));
@@ -450,7 +452,12 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
         c.write(0, k * CLUSTER, &block(k)).unwrap();
     }
     assert_eq!(dirty_bit(), 1);
-    let b = Daemon::start(&dir, &[export(&sock_b)]);
+    let b = Daemon::start(&dir_b, &[export(&sock_b)]);
+    assert!(
+        b.log().contains("marked dirty by a live server"),
+        "{}",
+        b.log()
+    );
     drop(c);
     a.terminate();
     assert_eq!(dirty_bit(), 0, "the source unmarks the image as it ends");
@@ -479,7 +486,7 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
     let mut c = Client::connect(&sock_a, 1).unwrap();
     c.write(0, 9 * CLUSTER, &block(9)).unwrap();
     assert_eq!(dirty_bit(), 1);
-    let b = Daemon::start(&dir, &[export(&sock_b)]);
+    let b = Daemon::start(&dir_b, &[export(&sock_b)]);
     a.signal(rustix::process::Signal::KILL);
     assert!(a.wait_exit(Duration::from_secs(10)).is_some());
     drop(c);
@@ -489,6 +496,14 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
     assert!(
         c.read_vec(0, 0, 4096).is_err(),
         "the destination served an image its dead source left marked"
+    );
+    assert!(
+        b.wait_for_log(
+            "still marked dirty by the server it came from",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        b.log()
     );
     drop(c);
     b.terminate();

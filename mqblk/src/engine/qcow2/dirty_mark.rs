@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use imago::StorageExt;
 
 use super::storage::RingFile;
+use super::table_io::TableIo;
 use crate::format::qcow2::header::{self, DIRTY, INCOMPATIBLE_FEATURES_AT};
 
 /// The byte a serving daemon holds a shared lock on: far past any image's end, and apart from
@@ -95,6 +96,13 @@ impl DirtyMark {
         // Failed, the file may still be marked: a false alarm at the next open, never a miss.
         write_features(file, 0).await
     }
+}
+
+/// Whether the file `tables` reads carries the dirty bit now: after this process's own mark
+/// is cleared, another server's.
+pub fn on_file(tables: &TableIo) -> io::Result<bool> {
+    let bytes = tables.read(INCOMPATIBLE_FEATURES_AT, 8)?;
+    Ok(header::dirty_in(bytes[..8].try_into().expect("8 bytes")))
 }
 
 /// Takes the shared lock of a server of `file` in this mode, held while the file's open

@@ -745,9 +745,13 @@ async fn flush(image: &Image) -> io::Result<()> {
     image.access.flush().await?;
     image.access.sync().await?;
     image.writes_durable.fetch_max(done, Ordering::AcqRel);
+    // Unmarked (no allocation since the last flush), nothing to clear: the top file is looked
+    // up in imago only when it is.
     if let (Some(dirty), Some(before)) = (&image.dirty, answered) {
-        test_hooks::before_clearing_the_dirty_mark().await;
-        dirty.clear(image.top_storage(), before).await?;
+        if dirty.marked() {
+            test_hooks::before_clearing_the_dirty_mark().await;
+            dirty.clear(image.top_storage(), before).await?;
+        }
     }
     Ok(())
 }

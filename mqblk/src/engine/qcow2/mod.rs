@@ -234,13 +234,15 @@ impl Qcow2Engine {
         let answered = image.dirty.as_ref().map(|d| d.answered());
         block_on(image.access.flush())?;
         clear_dirty_mark(image, answered)?;
-        if image.dirty.as_ref().is_some_and(|d| !d.marked()) && marked_on_file(image)? {
-            // Another server's mark: it still serves the image (a migration's source whose
-            // rings have not stopped), and nothing here may touch it yet.
-            return Err(io::Error::other(
-                "the image is still marked dirty by the server it came from \
-                 (metadata-commit=flush), which must stop its queues first",
-            ));
+        if let (Some(dirty), Some(tables)) = (&image.dirty, &image.tables) {
+            if !dirty.marked() && dirty_mark::on_file(tables)? {
+                // Another server's mark: it still serves the image (a migration's source whose
+                // rings have not stopped), and nothing here may touch it yet.
+                return Err(io::Error::other(
+                    "the image is still marked dirty by the server it came from \
+                     (metadata-commit=flush), which must stop its queues first",
+                ));
+            }
         }
         // Before imago reads a refcount again, and allocates.
         image.mend_tables()?;
@@ -340,22 +342,11 @@ fn write_back_all(image: &Image) -> io::Result<()> {
     clear_dirty_mark(image, answered)
 }
 
-/// Whether the image file's header carries the dirty bit.
-fn marked_on_file(image: &Image) -> io::Result<bool> {
-    let Some(tables) = &image.tables else {
-        return Ok(false);
-    };
-    let at = header::INCOMPATIBLE_FEATURES_AT;
-    let bytes = tables.read(at, 8)?;
-    let bits = u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
-    Ok(bits & (1 << header::DIRTY) != 0)
-}
-
 /// With `metadata-commit=flush`: the dirty mark cleared after a write-back that began when
 /// the mark's count of completions read `answered` (see [`dirty_mark`]).
 fn clear_dirty_mark(image: &Image, answered: Option<u64>) -> io::Result<()> {
     match (&image.dirty, answered) {
-        (Some(d), Some(before)) => block_on(d.clear(image.top_storage(), before)),
+        (Some(d), Some(before)) if d.marked() => block_on(d.clear(image.top_storage(), before)),
         _ => Ok(()),
     }
 }

@@ -26,7 +26,7 @@ use super::data_writes;
 use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
-use crate::format::qcow2::header::{DIRTY, INCOMPATIBLE_FEATURES_AT};
+use crate::format::qcow2::header::{DIRTY, DIRTY_BYTE};
 
 /// The most the top image file is grown ahead of its writes at a time (see
 /// `RingFile::grow_for`).
@@ -242,7 +242,8 @@ impl RingFile {
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res as i32));
         }
-        if !write && self.hide_dirty.load(Ordering::Acquire) {
+        // Only a read of the header's first bytes looks at the flag (data reads never do).
+        if !write && offset <= DIRTY_BYTE && self.hide_dirty.load(Ordering::Acquire) {
             hide_dirty_bit(iovecs, offset, res as u64);
         }
         if let (true, Some(order)) = (write, &self.order) {
@@ -305,11 +306,10 @@ impl RingFile {
 
 /// Clears the dirty bit in `done` bytes read into `iovecs` from `offset`, if they hold it.
 fn hide_dirty_bit(iovecs: &[libc::iovec], offset: u64, done: u64) {
-    let byte = INCOMPATIBLE_FEATURES_AT + 7;
-    if !(offset..offset + done).contains(&byte) {
+    if !(offset..offset + done).contains(&DIRTY_BYTE) {
         return;
     }
-    let mut at = byte - offset;
+    let mut at = DIRTY_BYTE - offset;
     for v in iovecs {
         let len = v.iov_len as u64;
         if at < len {

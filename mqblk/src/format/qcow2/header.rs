@@ -25,14 +25,26 @@ const EXT_END: u32 = 0;
 /// Where a version 3 header keeps its incompatible feature bits (a big-endian u64).
 pub const INCOMPATIBLE_FEATURES_AT: u64 = 72;
 
+/// Where a version 3 header keeps its autoclear feature bits (a big-endian u64).
+const AUTOCLEAR_FEATURES_AT: usize = 88;
+
 /// The incompatible feature bits and what each means for mqblk. A served image has none set,
 /// so a writer that marks it dirty (`metadata-commit=flush`) knows the whole field.
 pub const DIRTY: u32 = 0;
 const CORRUPT: u32 = 1;
+
+/// The byte of the header that holds the dirty bit (the field's last: it is big-endian).
+pub const DIRTY_BYTE: u64 = INCOMPATIBLE_FEATURES_AT + 7;
+
+/// Whether incompatible feature bits `bits` (as the header stores them) say dirty.
+pub fn dirty_in(bits: [u8; 8]) -> bool {
+    u64::from_be_bytes(bits) & (1 << DIRTY) != 0
+}
+
 /// Clears the dirty bit of a version 3 header read from an image this process serves: there
 /// it is the process's own mark (`metadata-commit=flush`), not a sign of a crash.
 pub fn unmark_dirty(head: &mut [u8]) {
-    let at = INCOMPATIBLE_FEATURES_AT as usize + 7;
+    let at = DIRTY_BYTE as usize;
     if head.len() > at && be32(head, 4) == 3 {
         head[at] &= !(1 << DIRTY);
     }
@@ -45,7 +57,7 @@ pub fn marked_dirty_alone(head: &[u8]) -> bool {
     head.len() >= 104
         && be32(head, 4) == 3
         && be64(head, INCOMPATIBLE_FEATURES_AT as usize) == 1 << DIRTY
-        && be64(head, 88) == 0
+        && be64(head, AUTOCLEAR_FEATURES_AT) == 0
 }
 
 /// Names of the incompatible features this file knows but mqblk does not serve.
