@@ -277,10 +277,15 @@ fn flushed_data_survives_sigkill_mid_write() {
 
 /// A new image of 16 clusters at `img`, served on `sock` with `metadata-commit=flush`.
 fn flush_commit_export(sock: &Path, img: &Path) -> Export {
+    sixteen_clusters(sock, img, "flush")
+}
+
+/// A new image of 16 clusters at `img`, served on `sock` with `metadata-commit=commit`.
+fn sixteen_clusters(sock: &Path, img: &Path, commit: &str) -> Export {
     Export::file(sock, img)
         .set("format", "qcow2")
         .set("size", &(16 * CLUSTER).to_string())
-        .set("metadata-commit", "flush")
+        .set("metadata-commit", commit)
 }
 
 /// The dirty bit of the qcow2 header of `img` (incompatible features, byte 79).
@@ -436,12 +441,28 @@ fn with_metadata_commit_flush_a_write_completed_during_a_flush_keeps_the_image_m
 #[test]
 fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a_crash_s_does_not()
 {
+    live_server_mark_handover(true);
+}
+
+/// The same handover with the destination in the default mode (`metadata-commit=write`), as
+/// when an operator changes the mode across a migration: the source's live mark lets it open,
+/// and a crashed source's mark keeps its queues from starting.
+#[test]
+fn a_default_mode_destination_takes_over_from_a_live_flush_mode_source_and_not_from_a_crashed_one()
+{
+    live_server_mark_handover(false);
+}
+
+/// The body of the two tests above; `destination_flush`: the destination's mode.
+fn live_server_mark_handover(destination_flush: bool) {
     let dir = TestDir::new();
     // The destination's own directory, for a log of its own.
     let dir_b = TestDir::new();
     let img = dir.join("disk.qcow2");
     let (sock_a, sock_b) = (dir.join("a.sock"), dir_b.join("b.sock"));
     let export = |sock: &Path| flush_commit_export(sock, &img);
+    let destination_commit = if destination_flush { "flush" } else { "write" };
+    let destination = |sock: &Path| sixteen_clusters(sock, &img, destination_commit);
     let dirty_bit = || dirty_bit(&img);
     let block = |k: u64| pattern_bytes(4096, k * CLUSTER, Some(k + 3));
 
@@ -452,7 +473,7 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
         c.write(0, k * CLUSTER, &block(k)).unwrap();
     }
     assert_eq!(dirty_bit(), 1);
-    let b = Daemon::start(&dir_b, &[export(&sock_b)]);
+    let b = Daemon::start(&dir_b, &[destination(&sock_b)]);
     assert!(
         b.log().contains("marked dirty by a live server"),
         "{}",
@@ -486,7 +507,7 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
     let mut c = Client::connect(&sock_a, 1).unwrap();
     c.write(0, 9 * CLUSTER, &block(9)).unwrap();
     assert_eq!(dirty_bit(), 1);
-    let b = Daemon::start(&dir_b, &[export(&sock_b)]);
+    let b = Daemon::start(&dir_b, &[destination(&sock_b)]);
     a.signal(rustix::process::Signal::KILL);
     assert!(a.wait_exit(Duration::from_secs(10)).is_some());
     drop(c);

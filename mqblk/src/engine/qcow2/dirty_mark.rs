@@ -24,7 +24,8 @@
 //! destination's rings start (and read the header again). So every daemon serving an image in
 //! this mode holds a shared lock on one byte of it ([`hold`]: an open file description lock,
 //! which dies with the process); an image marked dirty whose byte another description holds
-//! is opened, and one marked with the byte free is what a crash left, and is refused.
+//! is opened (by a destination in either mode), and one marked with the byte free is what a
+//! crash left, and is refused.
 
 use std::fs::File;
 use std::io;

@@ -464,8 +464,10 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         mended: AtomicBool::new(false),
         failure_report: Arc::default(),
     };
-    if image.dirty.is_some() {
+    if marked_live {
         image.top_storage().hide_dirty_bit(false);
+    }
+    if image.dirty.is_some() {
         dirty_mark::hold(&image.file).map_err(io_err("cannot lock a byte of", path))?;
     }
     Ok(image)

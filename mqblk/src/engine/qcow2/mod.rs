@@ -126,9 +126,9 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         image::check_backing(path, &cfg.qcow2)?;
     }
     let commit = cfg.qcow2.metadata_commit;
-    // Another daemon's mark (a live migration's source), not a crash's: see `dirty_mark`.
-    let marked_live = commit == MetadataCommit::Flush
-        && !cfg.readonly
+    // Another daemon's mark (a live migration's source in flush mode, whatever this one's
+    // mode), not a crash's: see `dirty_mark`.
+    let marked_live = !cfg.readonly
         && dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
             what: "cannot read the header of",
             path: path.display().to_string(),
@@ -147,7 +147,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     if marked_live {
         tracing::info!(
             image = %path.display(),
-            "the image is marked dirty by a live server (metadata-commit=flush): served, as a \
+            "the image is marked dirty by a live server (metadata-commit=flush): opened, as a \
              live migration's destination; its rings start once that server unmarks it"
         );
     }
@@ -234,8 +234,13 @@ impl Qcow2Engine {
         let answered = image.dirty.as_ref().map(|d| d.answered());
         block_on(image.access.flush())?;
         clear_dirty_mark(image, answered)?;
-        if let (Some(dirty), Some(tables)) = (&image.dirty, &image.tables) {
-            if !dirty.marked() && dirty_mark::on_file(tables)? {
+        // In the default mode this process never marks the file, so any mark is another's.
+        let marked_here = image
+            .dirty
+            .as_ref()
+            .is_some_and(dirty_mark::DirtyMark::marked);
+        if let Some(tables) = &image.tables {
+            if !marked_here && dirty_mark::on_file(tables)? {
                 // Another server's mark: it still serves the image (a migration's source whose
                 // rings have not stopped), and nothing here may touch it yet.
                 return Err(io::Error::other(
