@@ -150,6 +150,10 @@ fn init_logging(level: &str) -> anyhow::Result<()> {
                 && std::env::var_os("NO_COLOR").is_none(),
         )
         .with_target(false)
+        // A line that cannot be written (the log's reader gone, its filesystem full) is lost.
+        // Reported instead, it would go with `eprintln!`, which panics when standard error
+        // fails too, in whichever thread logged: an I/O thread, the vhost-user thread.
+        .log_internal_errors(false)
         .init();
     Ok(())
 }

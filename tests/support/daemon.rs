@@ -404,7 +404,18 @@ impl Daemon {
 
     /// Runs `cmd` (a daemon command line built by the test, e.g. with inherited descriptors)
     /// as a [`Daemon`] logging to `dir/daemon.log`, and waits until each of `sockets` listens.
-    pub fn spawn(dir: &TestDir, mut cmd: Command, sockets: &[&Path]) -> Self {
+    pub fn spawn(dir: &TestDir, cmd: Command, sockets: &[&Path]) -> Self {
+        Self::spawn_with_stderr(dir, cmd, sockets, None)
+    }
+
+    /// [`Daemon::spawn`] with the daemon's standard error on `stderr` instead of the log file
+    /// (which then holds its command line and standard output only).
+    pub fn spawn_with_stderr(
+        dir: &TestDir,
+        mut cmd: Command,
+        sockets: &[&Path],
+        stderr: Option<Stdio>,
+    ) -> Self {
         let log = dir.join("daemon.log");
         let logf = File::create(&log).expect("creating daemon log");
         if !use_qsd() {
@@ -413,9 +424,8 @@ impl Daemon {
             }
         }
         writeln!(&logf, "$ {cmd:?}").ok();
-        cmd.stdin(Stdio::null())
-            .stdout(logf.try_clone().expect("dup log fd"))
-            .stderr(logf);
+        let stderr = stderr.unwrap_or_else(|| logf.try_clone().expect("dup log fd").into());
+        cmd.stdin(Stdio::null()).stdout(logf).stderr(stderr);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));

@@ -254,7 +254,12 @@ fn install_panic_hook() {
         if IO_THREAD_CONFINED.get() {
             let current = std::thread::current();
             let name = current.name().unwrap_or("an I/O thread");
-            eprintln!("thread '{name}' {info} (no backtrace: the thread is confined)");
+            // Not `eprintln!`: a panic while standard error fails would abort the daemon.
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "thread '{name}' {info} (no backtrace: the thread is confined)"
+            );
         } else {
             default(info);
         }
