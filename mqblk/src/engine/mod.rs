@@ -12,6 +12,7 @@
 //! of [`EngineKind`](crate::config::EngineKind) and its `engine=` value in
 //! [`config::keys`](crate::config::keys), and a line in [`open`].
 
+pub mod image_lock;
 mod mem;
 mod null;
 pub mod nvme;
@@ -127,6 +128,12 @@ pub trait Engine: Send + Sync {
     fn refresh(&self) -> io::Result<()> {
         Ok(())
     }
+    /// Called when the last started ring of an export stops (GET_VRING_BASE): no request is
+    /// in flight, and none comes until a ring starts again, after [`Engine::refresh`]. The
+    /// storage's next writer may be another backend (a live migration's destination): an
+    /// engine whose image allows one writer lets go of it here, and takes it again in
+    /// `refresh`. Engines that hold nothing have nothing to do.
+    fn deactivate(&self) {}
     /// Takes an external snapshot: the storage as it is becomes read-only (a consistent image
     /// at `overlay`'s backing), and every write from now on goes to a new image at `overlay`
     /// over it. Called with no request in flight and none starting until it returns.
@@ -333,6 +340,9 @@ pub enum OpenError {
     /// An NVMe namespace engine=nvme cannot serve (see [`nvme::NvmeError`]).
     #[error(transparent)]
     Nvme(#[from] nvme::NvmeError),
+    /// Another process has the image open in a way this export cannot share.
+    #[error(transparent)]
+    Locked(#[from] image_lock::LockError),
     /// A qcow2 image mqblk cannot serve (see [`Qcow2Error`](crate::format::qcow2::Qcow2Error)).
     #[error(transparent)]
     Qcow2(#[from] crate::format::qcow2::Qcow2Error),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
+use super::image_lock::{ImageLock, Perms};
 use super::{Channel, Engine, Op, OpenError, ResizeError, Started};
 
 /// The opcodes of the entries [`UringChannel::entry`] builds, which its thread's ring allows.
@@ -39,6 +40,8 @@ pub struct UringEngine {
     name: &'static str,
     /// Opened without O_DIRECT: writes complete into this host's page cache.
     host_cached: bool,
+    /// QEMU's locks on the file, held while the engine lives (a memfd has none).
+    lock: Option<ImageLock>,
 }
 
 impl UringEngine {
@@ -50,6 +53,7 @@ impl UringEngine {
             block_size,
             name,
             host_cached: false,
+            lock: None,
         }
     }
 }
@@ -297,6 +301,12 @@ pub(super) fn open_file(
         }
         Err(e) => return Err(ioerr("cannot open", path, e)),
     };
+    let perms = if readonly {
+        Perms::RAW_READONLY
+    } else {
+        Perms::RAW_WRITABLE
+    };
+    let lock = ImageLock::taken(&file, path, perms)?;
     let meta = file.metadata().map_err(|e| ioerr("cannot stat", path, e))?;
     let is_blk = meta.file_type().is_block_device();
     let actual = if is_blk {
@@ -327,5 +337,6 @@ pub(super) fn open_file(
     };
     let mut engine = UringEngine::new(file, capacity, block_size, "uring");
     engine.host_cached = !direct;
+    engine.lock = Some(lock);
     Ok(engine)
 }

@@ -157,7 +157,7 @@ impl Session {
             // Nothing of this export is in flight: the moment to re-read what the engine
             // caches of the storage, which a migration's source may have changed.
             if let Err(e) = self.device.engine().refresh() {
-                tracing::error!(queue = i, err = %e, "cannot re-read the disk's metadata; queue not started");
+                tracing::error!(queue = i, err = %e, "cannot take up the disk (its locks, or its metadata); queue not started");
                 return;
             }
         }
@@ -381,6 +381,10 @@ impl VhostUserBackendReqHandlerMut for Session {
         // ring wrote.
         if let Err(e) = self.device.engine().sync_host_cache() {
             tracing::error!(queue = i, err = %e, "cannot write back the host cache of the disk");
+        }
+        if !self.vrings.iter().any(|v| v.started) {
+            // The last ring: the next writer of the storage may be another backend.
+            self.device.engine().deactivate();
         }
         let v = &mut self.vrings[i];
         // The ring stays stopped until the frontend kicks it again.

@@ -29,7 +29,6 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -37,6 +36,7 @@ use imago::StorageExt;
 
 use super::storage::RingFile;
 use super::table_io::TableIo;
+use crate::engine::image_lock;
 use crate::format::qcow2::header::{self, DIRTY, INCOMPATIBLE_FEATURES_AT};
 
 /// The byte a serving daemon holds a shared lock on: far past any image's end, and apart from
@@ -127,17 +127,7 @@ pub fn marked_by_a_live_server(path: &Path) -> io::Result<bool> {
 /// `fcntl(cmd)` with an open file description lock of type `kind` on [`LIVE_LOCK_AT`]; returns
 /// the type `F_OFD_GETLK` reports (`F_UNLCK`: none held in the way).
 fn lock(file: &File, cmd: libc::c_int, kind: i16) -> io::Result<i16> {
-    // SAFETY: an all-zero flock is a valid value of the plain C struct.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = LIVE_LOCK_AT;
-    fl.l_len = 1;
-    // SAFETY: a descriptor `file` owns, and a flock the call reads and (for GETLK) writes.
-    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fl.l_type)
+    image_lock::ofd(file, cmd, kind, LIVE_LOCK_AT)
 }
 
 async fn write_features(file: &RingFile, bits: u64) -> io::Result<()> {

@@ -23,6 +23,7 @@ use imago::{
 };
 
 use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
+use crate::engine::image_lock::{ImageLock, Perms};
 use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
@@ -62,6 +63,12 @@ pub struct Image {
     /// The backing images' files, read-only, for the rings' reads: `backing_files[k - 1]` is
     /// the image `k` below the top.
     pub backing_files: Vec<std::fs::File>,
+    /// QEMU's locks on the top image file: taken at open where they are free, always when a
+    /// ring starts (`Engine::refresh`), let go when the last ring stops (`Engine::deactivate`),
+    /// so that a live migration's destination takes the image over from its source.
+    pub top_lock: ImageLock,
+    /// QEMU's locks on the backing images, held while the image is open.
+    _backing_locks: Vec<ImageLock>,
     /// log2 of the cluster size.
     pub cluster_bits: u32,
     /// Bumped (after the metadata changed, before the request that changed it completes)
@@ -348,14 +355,15 @@ fn ring_file(
     RingFile::new(file, path, writable, direct).map_err(io_err("cannot use", path))
 }
 
-/// Opens one read-only layer of a backing chain over `below`; returns it and a descriptor of
-/// its file for the I/O threads' rings.
+/// Opens one read-only layer of a backing chain over `below`; returns it, a descriptor of its
+/// file for the I/O threads' rings, and its locks, taken.
 fn open_backing(
     layer: &Layer,
     below: Option<Access>,
     direct: bool,
-) -> Result<(Access, std::fs::File), OpenError> {
+) -> Result<(Access, std::fs::File, ImageLock), OpenError> {
     let opened = open_file(&layer.path, false, direct)?;
+    let lock = ImageLock::taken(&opened, &layer.path, Perms::BACKING)?;
     let for_ring = opened
         .try_clone()
         .map_err(io_err("cannot duplicate", &layer.path))?;
@@ -376,7 +384,7 @@ fn open_backing(
         .map(FormatAccess::new),
     };
     let access = opened.map_err(io_err("cannot open the backing image", &layer.path))?;
-    Ok((access, for_ring))
+    Ok((access, for_ring, lock))
 }
 
 /// How the top image of a chain is opened.
@@ -412,16 +420,24 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
     }
     let mut below = None;
     let mut backing_files = Vec::with_capacity(layers.len() - 1);
+    let mut backing_locks = Vec::with_capacity(layers.len() - 1);
     for layer in layers[1..].iter().rev() {
-        let (access, file) = open_backing(layer, below.take(), direct)?;
+        let (access, file, lock) = open_backing(layer, below.take(), direct)?;
         below = Some(access);
         backing_files.push(file);
+        backing_locks.push(lock);
     }
     // Counted from the top, as the chain is.
     backing_files.reverse();
     let writable = !readonly;
     let file = open_file(path, writable, direct)?;
     let for_ring = file.try_clone().map_err(io_err("cannot duplicate", path))?;
+    let perms = if readonly {
+        Perms::QCOW2_READONLY
+    } else {
+        Perms::QCOW2_WRITABLE
+    };
+    let top_lock = ImageLock::new(&file, path, perms)?;
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
         top_file = top_file
@@ -446,6 +462,8 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         access: FormatAccess::new(qcow2),
         file: for_ring,
         backing_files,
+        top_lock,
+        _backing_locks: backing_locks,
         cluster_bits: top.cluster_bits,
         epoch: AtomicU64::new(0),
         invalidations: Mutex::new(VecDeque::with_capacity(INVALIDATIONS_KEPT)),

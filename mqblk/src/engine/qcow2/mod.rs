@@ -56,6 +56,7 @@ use rustix::event::{eventfd, EventfdFlags};
 
 use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
 use crate::config::ExportConfig;
+use crate::engine::image_lock::LockError;
 use crate::engine::{
     self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
 };
@@ -144,6 +145,16 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         marked_live,
     };
     let image = image::open(path, &layers, opts)?;
+    match image.top_lock.take() {
+        Ok(()) => {}
+        // A live migration's source still serving it, or a conflict that the first ring's
+        // start refuses (`refresh`).
+        Err(e @ LockError::InUse { .. }) => tracing::info!(
+            "{e}: opened; its rings start once the image is free (as a live migration's \
+             destination's do once the source stops its rings)"
+        ),
+        Err(e) => return Err(e.into()),
+    }
     if marked_live {
         tracing::info!(
             image = %path.display(),
@@ -225,6 +236,17 @@ impl Qcow2Engine {
         self.control.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes the top image's locks (again, if held: they may have been let go when the last
+    /// ring stopped) and returns the image: another process's conflicting locks refuse it.
+    fn lock_top(&self) -> io::Result<Arc<Image>> {
+        let top = self.top();
+        top.image.top_lock.take().map_err(|e| match e {
+            LockError::Io { err, .. } => err,
+            e => io::Error::other(e),
+        })?;
+        Ok(top.image.clone())
+    }
+
     /// What [`Engine::refresh`] does, with `control` held: our own metadata written back
     /// first (none is dirty unless this backend wrote since its last flush, which a
     /// migration's switch-over includes), the image's tables mended, then everything imago
@@ -301,6 +323,7 @@ impl Qcow2Engine {
                     marked_live: false,
                 };
                 let opened = image::open(overlay, &layers, opts).and_then(|mut new| {
+                    new.top_lock.take()?;
                     new.failure_report = self.failure_report.clone();
                     // Made just now, by imago, and not yet allocated in: what a ring's start
                     // would do before the guest's requests reach it (see `Image::mended`).
@@ -406,7 +429,7 @@ impl Engine for Qcow2Engine {
     fn resize(&self, size: Option<u64>) -> Result<u64, ResizeError> {
         // Before the image is taken: a snapshot may be replacing it.
         let _control = self.control();
-        let image = self.image();
+        let image = self.lock_top()?;
         let actual = image.access.size();
         match size {
             None => Err(ResizeError::SizeNeeded("qcow2")),
@@ -441,7 +464,13 @@ impl Engine for Qcow2Engine {
 
     fn refresh(&self) -> io::Result<()> {
         let _control = self.control();
-        Self::refresh_image(&self.image())
+        let image = self.lock_top()?;
+        Self::refresh_image(&image)
+    }
+
+    fn deactivate(&self) {
+        // After `sync_host_cache`: nothing of this backend's is left to write.
+        self.image().top_lock.release();
     }
 
     fn snapshot(&self, overlay: &Path) -> Result<(), SnapshotError> {

@@ -1,0 +1,181 @@
+//! QEMU's image locks: mqblk takes the lock bytes qemu-storage-daemon takes for the same export
+//! (`engine/image_lock.rs`), so that QEMU's programs refuse to write or resize an image mqblk
+//! serves in ways it cannot share, and mqblk refuses to write a qcow2 image that QEMU writes.
+//! QEMU's tools are the independent party: what they refuse is QEMU's reading of the bytes.
+//!
+//! Needs qemu-img and qemu-io (`bash .ci/setup` installs them).
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use mqblk_client::Client;
+use support::daemon::*;
+use support::qemu_img::{qemu_img, qemu_img_ok};
+use support::wait::wait_until;
+
+/// `qemu-img ARGS` must fail, saying it cannot take `lock` (QEMU's words: `"write" lock`,
+/// `shared "write" lock`, `"resize" lock`).
+fn refused(args: &[&str], lock: &str) {
+    let (code, text) = qemu_img(args).unwrap();
+    assert!(
+        code != 0 && text.contains(&format!("Failed to get {lock}")),
+        "qemu-img {args:?} exited {code}: {text}"
+    );
+}
+
+/// While mqblk serves a raw image, `qemu-img resize` is refused (the guest's capacity is the
+/// file's size, and nobody else may change it), as qemu-storage-daemon refuses it; reading the
+/// image (`qemu-img info`) is not, since a raw export shares its writes as QSD's does. Once the
+/// daemon has stopped, the resize goes through.
+#[test]
+fn qemu_img_cannot_resize_a_raw_image_mqblk_serves() {
+    let dir = TestDir::new();
+    let img = dir.image("disk.raw", 16 << 20, None);
+    let name = img.display().to_string();
+    let sock = dir.join("s.sock");
+    let mut d = Daemon::start(&dir, &[Export::file(&sock, &img)]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    refused(&["resize", "-f", "raw", &name, "32M"], "\"resize\" lock");
+    qemu_img_ok(&["info", "-f", "raw", &name]);
+    assert_eq!(c.capacity(), 16 << 20);
+    drop(c);
+    d.stop();
+    qemu_img_ok(&["resize", "-f", "raw", &name, "32M"]);
+}
+
+/// While mqblk serves a qcow2 image writable, QEMU cannot open it to write (`qemu-io`), take an
+/// internal snapshot in it (`qemu-img snapshot -c`, which would rewrite its tables under
+/// mqblk's), or read it without `-U` (its metadata may be changing); with `-U` it can, as with
+/// qemu-storage-daemon. Once the daemon has stopped, all of them can.
+#[test]
+fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, "16M"]);
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img).set("format", "qcow2");
+    let mut d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    let (code, text) = qemu_io(&name, "write -P 0x11 0 4k");
+    assert!(
+        code != 0 && text.contains("Failed to get \"write\" lock"),
+        "qemu-io exited {code}: {text}"
+    );
+    refused(&["snapshot", "-c", "s1", &name], "\"write\" lock");
+    refused(&["info", &name], "shared \"write\" lock");
+    qemu_img_ok(&["info", "-U", &name]);
+    assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
+    drop(c);
+    d.stop();
+    qemu_img_ok(&["snapshot", "-c", "s1", &name]);
+    let (code, text) = qemu_io(&name, "read -P 0x5a 0 4k");
+    assert_eq!(code, 0, "{text}");
+}
+
+/// While QEMU writes a qcow2 image (`qemu-io` holding it open), mqblk opens it (as a live
+/// migration's destination opens an image its source still serves) and says so, but its queue
+/// does not start: one line names the conflict in QEMU's words. Once QEMU lets go, the next
+/// connection's queue starts and serves the image. A raw export of the same file is refused at
+/// start, since QEMU forbids others to write the qcow2 file.
+#[test]
+fn mqblk_does_not_write_a_qcow2_image_qemu_writes() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let name = img.display().to_string();
+    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, "16M"]);
+    let mut qemu = hold_with_qemu_io(&img);
+
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img).set("format", "qcow2");
+    let d = Daemon::start(&dir, &[export]);
+    assert!(
+        d.log()
+            .contains("is in use by another process: it forbids others to write"),
+        "{}",
+        d.log()
+    );
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.set_timeout(Duration::from_secs(2));
+    assert!(
+        c.write(0, 0, &[0x5a; 4096]).is_err(),
+        "a write went through while QEMU held the image"
+    );
+    assert!(
+        d.wait_for_log("queue not started", Duration::from_secs(5)),
+        "{}",
+        d.log()
+    );
+    drop(c);
+
+    // A raw export of the qcow2 file: refused at start, in one line.
+    let raw_sock = dir.join("raw.sock");
+    let e = serve_fails(
+        &export_arg(Export::file(&raw_sock, &img).spec()),
+        Duration::from_secs(10),
+    );
+    assert!(
+        e.contains("in use by another process") && e.contains("forbids others to write"),
+        "{e}"
+    );
+
+    qemu.kill().unwrap();
+    qemu.wait().unwrap();
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.set_timeout(Duration::from_secs(10));
+    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
+    drop(c);
+    d.terminate();
+    let (code, text) = qemu_io(&name, "read -P 0x5a 0 4k");
+    assert_eq!(code, 0, "{text}");
+}
+
+/// `qemu-io -f qcow2 -c COMMAND IMAGE`: its exit code and output.
+fn qemu_io(image: &str, command: &str) -> (i32, String) {
+    let out = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", command, image])
+        .output()
+        .expect("running qemu-io (bash .ci/setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text.into_owned())
+}
+
+/// `qemu-io` with the qcow2 image at `path` open for writing (its commands come from standard
+/// input, which stays open), once it holds QEMU's lock of the write permission (byte 101). The
+/// probe takes no lock: one that did (`qemu-img info`) could make qemu-io's own start fail.
+fn hold_with_qemu_io(path: &Path) -> Child {
+    let name = path.display().to_string();
+    let child = Command::new("qemu-io")
+        .args(["-f", "qcow2", &name])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running qemu-io (bash .ci/setup installs it)");
+    assert!(
+        wait_until(Duration::from_secs(10), || byte_locked(path, 101)),
+        "qemu-io did not lock {name}"
+    );
+    child
+}
+
+/// Whether some open file description holds a lock on byte `at` of the file at `path`.
+fn byte_locked(path: &Path, at: i64) -> bool {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: an all-zero flock is a valid value of the plain C struct.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = at;
+    fl.l_len = 1;
+    // SAFETY: a descriptor `file` owns, and a flock the call reads and writes.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+    assert_eq!(r, 0, "F_OFD_GETLK: {}", std::io::Error::last_os_error());
+    fl.l_type != libc::F_UNLCK as i16
+}
