@@ -10,9 +10,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use mqblk::engine::image_lock;
 use mqblk_client::Client;
 use support::daemon::*;
-use support::qemu_img::{qemu_img, qemu_img_ok};
+use support::qemu_img::{qemu_img, qemu_img_ok, qemu_io, qemu_io_ok};
 use support::wait::wait_until;
 
 /// `qemu-img ARGS` must fail, saying it cannot take `lock` (QEMU's words: `"write" lock`,
@@ -27,8 +28,8 @@ fn refused(args: &[&str], lock: &str) {
 
 /// While mqblk serves a raw image, `qemu-img resize` is refused (the guest's capacity is the
 /// file's size, and nobody else may change it), as qemu-storage-daemon refuses it; reading the
-/// image (`qemu-img info`) is not, since a raw export shares its writes as QSD's does. Once the
-/// daemon has stopped, the resize goes through.
+/// image (`qemu-img info`) and writing it (`qemu-io`) are not, since a raw export shares its
+/// writes as QSD's does. Once the daemon has stopped, the resize goes through.
 #[test]
 fn qemu_img_cannot_resize_a_raw_image_mqblk_serves() {
     let dir = TestDir::new();
@@ -40,6 +41,9 @@ fn qemu_img_cannot_resize_a_raw_image_mqblk_serves() {
     c.write(0, 0, &[0x5a; 4096]).unwrap();
     refused(&["resize", "-f", "raw", &name, "32M"], "\"resize\" lock");
     qemu_img_ok(&["info", "-f", "raw", &name]);
+    // Another writer, as a shared disk's, is not forbidden.
+    let (code, text) = qemu_io("raw", &img, "write -P 0x11 1M 4k");
+    assert_eq!(code, 0, "{text}");
     assert_eq!(c.capacity(), 16 << 20);
     drop(c);
     d.stop();
@@ -48,8 +52,9 @@ fn qemu_img_cannot_resize_a_raw_image_mqblk_serves() {
 
 /// While mqblk serves a qcow2 image writable, QEMU cannot open it to write (`qemu-io`), take an
 /// internal snapshot in it (`qemu-img snapshot -c`, which would rewrite its tables under
-/// mqblk's), or read it without `-U` (its metadata may be changing); with `-U` it can, as with
-/// qemu-storage-daemon. Once the daemon has stopped, all of them can.
+/// mqblk's), resize or amend it, or read it without `-U` (`qemu-img info`, `convert`: its
+/// metadata may be changing); with `-U` it can read it, as with qemu-storage-daemon. Once the
+/// daemon has stopped, all of them can.
 #[test]
 fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
     let dir = TestDir::new();
@@ -61,20 +66,31 @@ fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
     let mut d = Daemon::start(&dir, &[export]);
     let mut c = Client::connect(&sock, 1).unwrap();
     c.write(0, 0, &[0x5a; 4096]).unwrap();
-    let (code, text) = qemu_io(&name, "write -P 0x11 0 4k");
+    let (code, text) = qemu_io("qcow2", &img, "write -P 0x11 0 4k");
     assert!(
         code != 0 && text.contains("Failed to get \"write\" lock"),
         "qemu-io exited {code}: {text}"
     );
     refused(&["snapshot", "-c", "s1", &name], "\"write\" lock");
+    refused(&["resize", &name, "32M"], "\"write\" lock");
+    refused(
+        &["amend", "-o", "lazy_refcounts=on", &name],
+        "\"write\" lock",
+    );
     refused(&["info", &name], "shared \"write\" lock");
+    let copy = dir.join("copy.raw").display().to_string();
+    refused(
+        &["convert", "-O", "raw", &name, &copy],
+        "shared \"write\" lock",
+    );
     qemu_img_ok(&["info", "-U", &name]);
+    qemu_img_ok(&["convert", "-U", "-O", "raw", &name, &copy]);
     assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
     drop(c);
     d.stop();
     qemu_img_ok(&["snapshot", "-c", "s1", &name]);
-    let (code, text) = qemu_io(&name, "read -P 0x5a 0 4k");
-    assert_eq!(code, 0, "{text}");
+    qemu_img_ok(&["resize", &name, "32M"]);
+    qemu_io_ok(&img, "read -P 0x5a 0 4k");
 }
 
 /// While QEMU writes a qcow2 image (`qemu-io` holding it open), mqblk opens it (as a live
@@ -131,18 +147,7 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes() {
     assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
     drop(c);
     d.terminate();
-    let (code, text) = qemu_io(&name, "read -P 0x5a 0 4k");
-    assert_eq!(code, 0, "{text}");
-}
-
-/// `qemu-io -f qcow2 -c COMMAND IMAGE`: its exit code and output.
-fn qemu_io(image: &str, command: &str) -> (i32, String) {
-    let out = Command::new("qemu-io")
-        .args(["-f", "qcow2", "-c", command, image])
-        .output()
-        .expect("running qemu-io (bash .ci/setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-    (out.status.code().unwrap_or(-1), text.into_owned())
+    qemu_io_ok(&img, "read -P 0x5a 0 4k");
 }
 
 /// `qemu-io` with the qcow2 image at `path` open for writing (its commands come from standard
@@ -166,16 +171,7 @@ fn hold_with_qemu_io(path: &Path) -> Child {
 
 /// Whether some open file description holds a lock on byte `at` of the file at `path`.
 fn byte_locked(path: &Path, at: i64) -> bool {
-    use std::os::fd::AsRawFd;
     let file = std::fs::File::open(path).unwrap();
-    // SAFETY: an all-zero flock is a valid value of the plain C struct.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = at;
-    fl.l_len = 1;
-    // SAFETY: a descriptor `file` owns, and a flock the call reads and writes.
-    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
-    assert_eq!(r, 0, "F_OFD_GETLK: {}", std::io::Error::last_os_error());
-    fl.l_type != libc::F_UNLCK as i16
+    let kind = image_lock::ofd(&file, libc::F_OFD_GETLK, libc::F_WRLCK as i16, at).unwrap();
+    kind != libc::F_UNLCK as i16
 }

@@ -290,7 +290,8 @@ fn sixteen_clusters(sock: &Path, img: &Path, commit: &str) -> Export {
 
 /// The dirty bit of the qcow2 header of `img` (incompatible features, byte 79).
 fn dirty_bit(img: &Path) -> u8 {
-    std::fs::read(img).unwrap()[79] & 1
+    use mqblk::format::qcow2::header::{DIRTY, DIRTY_BYTE};
+    (std::fs::read(img).unwrap()[DIRTY_BYTE as usize] >> DIRTY) & 1
 }
 
 /// `metadata-commit=flush`: a write into a new cluster completes before its mapping is in the
