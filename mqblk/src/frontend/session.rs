@@ -376,16 +376,16 @@ impl VhostUserBackendReqHandlerMut for Session {
 
     fn get_vring_base(&mut self, index: u32) -> VhuResult<VhostUserVringState> {
         let i = self.check_index(index)?;
-        let was_started = self.vrings[i].started;
         self.stop(i);
         // The destination's backend (another host, after a migration) must read what this
         // ring wrote.
         if let Err(e) = self.device.engine().sync_host_cache() {
             tracing::error!(queue = i, err = %e, "cannot write back the host cache of the disk");
         }
-        if was_started && !self.vrings.iter().any(|v| v.started) {
-            // The last ring: the next writer of the storage may be another backend. (A stop
-            // of a ring that never started lets go of nothing: the locks taken at open stay.)
+        if !self.vrings.iter().any(|v| v.started) {
+            // No ring runs: the next writer of the storage may be another backend. (Whether
+            // this ring ran until now does not tell: QEMU disables its rings first, with
+            // SET_VRING_ENABLE, and then asks for their bases.)
             self.device.engine().deactivate();
         }
         let v = &mut self.vrings[i];
