@@ -95,11 +95,12 @@ fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
 
 /// While QEMU writes a qcow2 image (`qemu-io` holding it open), mqblk opens it (as a live
 /// migration's destination opens an image its source still serves) and says so, but its queue
-/// does not start: one line names the conflict in QEMU's words. Once QEMU lets go, the next
-/// connection's queue starts and serves the image. A raw export of the same file is refused at
-/// start, since QEMU forbids others to write the qcow2 file.
+/// does not start: one line names the conflict in QEMU's words, and the guest's write waits in
+/// its ring. Once QEMU lets go, the same connection's queue starts (tried again every 100 ms)
+/// and the write completes. A raw export of the same file is refused at start, since QEMU
+/// forbids others to write the qcow2 file.
 #[test]
-fn mqblk_does_not_write_a_qcow2_image_qemu_writes() {
+fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
     let name = img.display().to_string();
@@ -115,18 +116,6 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes() {
         "{}",
         d.log()
     );
-    let mut c = Client::connect(&sock, 1).unwrap();
-    c.set_timeout(Duration::from_secs(2));
-    assert!(
-        c.write(0, 0, &[0x5a; 4096]).is_err(),
-        "a write went through while QEMU held the image"
-    );
-    assert!(
-        d.wait_for_log("queue not started", Duration::from_secs(5)),
-        "{}",
-        d.log()
-    );
-    drop(c);
 
     // A raw export of the qcow2 file: refused at start, in one line.
     let raw_sock = dir.join("raw.sock");
@@ -139,11 +128,35 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes() {
         "{e}"
     );
 
-    qemu.kill().unwrap();
-    qemu.wait().unwrap();
     let mut c = Client::connect(&sock, 1).unwrap();
-    c.set_timeout(Duration::from_secs(10));
-    c.write(0, 0, &[0x5a; 4096]).unwrap();
+    c.set_timeout(Duration::from_secs(20));
+    let released = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert!(
+                d.wait_for_log("cannot take up the disk", Duration::from_secs(10)),
+                "{}",
+                d.log()
+            );
+            // Long enough for a write that went through despite the lock to have completed.
+            std::thread::sleep(Duration::from_millis(500));
+            *released.lock().unwrap() = Some(std::time::Instant::now());
+            qemu.kill().unwrap();
+            qemu.wait().unwrap();
+        });
+        c.write(0, 0, &[0x5a; 4096]).unwrap();
+        let done = std::time::Instant::now();
+        let released = released
+            .lock()
+            .unwrap()
+            .expect("the write completed while QEMU held the image");
+        assert!(released <= done);
+    });
+    assert!(
+        d.log().contains("took up the disk after waiting"),
+        "{}",
+        d.log()
+    );
     assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
     drop(c);
     d.terminate();

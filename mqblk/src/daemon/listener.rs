@@ -15,7 +15,7 @@ use vhost::vhost_user::{BackendReqHandler, Error as VhuError};
 
 use super::error::Error;
 use crate::frontend::backend_channel::peek_backend_channel;
-use crate::frontend::{Device, Session};
+use crate::frontend::{disk_wait, Device, Session};
 
 /// Locks a session (a panicked holder leaves it usable: its state is plain data).
 fn lock(session: &Mutex<Session>) -> std::sync::MutexGuard<'_, Session> {
@@ -189,8 +189,14 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
             let ends = [device.failure().event_fd(), state.wake.as_fd()];
-            if !wait_for_message(&listener, &conn, ends, served) {
-                break;
+            let retry = lock(&session).waits_for_disk().then_some(RETRY_DISK);
+            match wait_for_message(&listener, &conn, ends, served, retry.as_ref()) {
+                Wait::Message => {}
+                Wait::Retry => {
+                    lock(&session).start_waiting_rings();
+                    continue;
+                }
+                Wait::End => break,
             }
             if let Some(channel) = peek_backend_channel(&*conn) {
                 lock(&session).set_backend_channel(channel);
@@ -274,42 +280,64 @@ const HANG_UP_GRACE: Timespec = Timespec {
     tv_nsec: 500_000_000,
 };
 
-/// Waits until the connection has a message (true), or is closed or failed, or the export
-/// failed (`failed` readable) or stops (`stopping` readable) (false), turning away any other
-/// frontend that connects meanwhile.
+/// How often a connection whose rings wait for the disk tries again to start them
+/// ([`disk_wait::RETRY`]).
+const RETRY_DISK: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: disk_wait::RETRY.as_nanos() as i64,
+};
+
+/// What [`wait_for_message`] waited for.
+enum Wait {
+    /// The connection has a message.
+    Message,
+    /// The retry interval passed: try again to start the rings that wait for the disk.
+    Retry,
+    /// The connection is closed or failed, or the export failed or stops.
+    End,
+}
+
+/// Waits until the connection has a message, or is closed or failed, or the export failed
+/// (`failed` readable) or stops (`stopping` readable), or `retry` passes, turning away any
+/// other frontend that connects meanwhile.
 fn wait_for_message(
     listener: &UnixListener,
     conn: &UnixStream,
     [failed, stopping]: [BorrowedFd<'_>; 2],
     served: u64,
-) -> bool {
+    retry: Option<&Timespec>,
+) -> Wait {
     loop {
-        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed, stopping], None) else {
-            return false;
+        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed, stopping], retry)
+        else {
+            return Wait::End;
         };
+        if events.iter().all(|e| e.is_empty()) {
+            return Wait::Retry;
+        }
         if !events[2].is_empty() {
             tracing::warn!(
                 connection = served,
                 "an I/O thread of this export died; closing the connection"
             );
-            return false;
+            return Wait::End;
         }
         // The export stops: `stop` may have come before this connection was stored where it
         // could shut it down, so the wake eventfd is watched too.
         if !events[3].is_empty() {
-            return false;
+            return Wait::End;
         }
         // The frontend's own events (a message, or its hang-up) come first, so that a frontend
         // that reconnects right after closing is not mistaken for a second one.
         if !events[0].is_empty() {
-            return true;
+            return Wait::Message;
         }
         if events[1].contains(PollFlags::IN) {
             // A frontend reconnecting right after closing may reach us before its old
             // connection's hang-up does (e.g. a copy of the old socket lived on briefly in a
             // forked child): give the current connection a moment to hang up first.
             if poll_in([conn.as_fd()], Some(&HANG_UP_GRACE)).is_some_and(|[cur]| !cur.is_empty()) {
-                return true;
+                return Wait::Message;
             }
             if let Ok((extra, _)) = listener.accept() {
                 tracing::warn!(
@@ -321,7 +349,7 @@ fn wait_for_message(
         } else if !events[1].is_empty() {
             // The listening socket was shut down (the export is stopping): let the message
             // loop see it.
-            return true;
+            return Wait::Message;
         }
     }
 }

@@ -4,6 +4,7 @@
 //! - [`device`]: the export's device: configuration space and I/O threads, which outlive
 //!   connections;
 //! - [`session`]: one connection, the vhost-user request handler;
+//! - [`disk_wait`]: rings whose start waits until the disk can be taken up;
 //! - [`memory`]: the shared guest memory table; [`vring`]: a vring being set up;
 //! - [`features`]: what is offered;
 //! - [`backend_channel`]: telling the frontend about a config change (online resize);
@@ -13,6 +14,7 @@
 
 pub mod backend_channel;
 pub mod device;
+pub mod disk_wait;
 pub mod error;
 pub mod features;
 pub mod memory;

@@ -26,6 +26,7 @@ use vm_memory::ByteValued;
 
 use super::backend_channel::BackendChannel;
 use super::device::Device;
+use super::disk_wait::DiskWait;
 use super::error::{Error, Result};
 use super::features::{self, protocol_features};
 use super::memory::{MemoryTable, MAX_MEM_SLOTS};
@@ -52,6 +53,8 @@ pub struct Session {
     migration: Migration,
     /// The frontend's connection, which a contained fault in memory it shared shuts down.
     connection: Option<OwnedFd>,
+    /// Rings set up whose start waits until the engine can take up the disk.
+    disk_wait: DiskWait,
 }
 
 impl Session {
@@ -71,6 +74,7 @@ impl Session {
             backend_channel: None,
             migration: Migration::new(nq),
             connection,
+            disk_wait: DiskWait::default(),
         }
     }
 
@@ -121,6 +125,20 @@ impl Session {
                 return;
             }
         };
+        let v = &self.vrings[i];
+        let Some(Ok(kick)) = v.kick.as_ref().map(File::try_clone) else {
+            return;
+        };
+        let call = v.call.as_ref().and_then(|c| c.try_clone().ok());
+        if !self.vrings.iter().any(|v| v.started) {
+            // Nothing of this export is in flight: the moment to re-read what the engine
+            // caches of the storage, which a migration's source may have changed.
+            if let Err(e) = self.device.engine().refresh() {
+                self.disk_wait.failed(i, &e);
+                return;
+            }
+            self.disk_wait.ended();
+        }
         // With in-flight tracking, the ring restarts from what the region says: everything
         // completed is in the used ring, everything fetched but not completed is resubmitted.
         let mut resubmit = Vec::new();
@@ -149,19 +167,6 @@ impl Session {
             }
         }
         let v = &mut self.vrings[i];
-        let Some(Ok(kick)) = v.kick.as_ref().map(File::try_clone) else {
-            return;
-        };
-        let call = v.call.as_ref().and_then(|c| c.try_clone().ok());
-        if !self.vrings.iter().any(|v| v.started) {
-            // Nothing of this export is in flight: the moment to re-read what the engine
-            // caches of the storage, which a migration's source may have changed.
-            if let Err(e) = self.device.engine().refresh() {
-                tracing::error!(queue = i, err = %e, "cannot take up the disk (its locks, or its metadata); queue not started");
-                return;
-            }
-        }
-        let v = &mut self.vrings[i];
         v.started = true;
         let (thread, local) = self.device.thread_of(i);
         thread.send(Command::Start {
@@ -174,6 +179,26 @@ impl Session {
             resubmit,
         });
         super::test_hooks::after_start(i);
+    }
+
+    /// Whether rings wait for the disk (see [`disk_wait`](super::disk_wait)): the listener
+    /// then calls [`Session::start_waiting_rings`] every [`RETRY`](super::disk_wait::RETRY).
+    pub fn waits_for_disk(&self) -> bool {
+        self.disk_wait.waiting()
+    }
+
+    /// Tries again to start the rings that wait for the disk.
+    pub fn start_waiting_rings(&mut self) {
+        let attempts = self.disk_wait.attempts();
+        for i in 0..self.vrings.len() {
+            if !self.vrings[i].started {
+                self.maybe_start(i);
+            }
+        }
+        if self.disk_wait.waiting() && self.disk_wait.attempts() == attempts {
+            // No ring got as far as taking up the disk: none is set up to start any more.
+            self.disk_wait.abandoned();
+        }
     }
 
     /// Runs `f` with every started ring stopped (its requests completed, nothing new
@@ -248,6 +273,7 @@ impl Session {
         self.migration = Migration::new(self.vrings.len());
         self.migration.apply(&self.device);
         self.set_writeback(true);
+        self.disk_wait = DiskWait::default();
     }
 
     /// Vring `i`'s size, or the largest the export allows while the frontend has not set it.
