@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use mqblk::engine::image_lock;
 use mqblk_client::Client;
+use serde_json::json;
+use support::api::{daemon_with_api, Api};
 use support::daemon::*;
 use support::qemu_img::{qemu_img, qemu_img_ok, qemu_io, qemu_io_ok};
 use support::wait::wait_until;
@@ -108,8 +110,16 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
     let mut qemu = hold_with_qemu_io(&img);
 
     let sock = dir.join("s.sock");
-    let export = Export::file(&sock, &img).set("format", "qcow2");
-    let d = Daemon::start(&dir, &[export]);
+    let export = Export::file(&sock, &img)
+        .set("format", "qcow2")
+        .set("id", "disk");
+    let (d, mut api) = daemon_with_api(&dir, &[export]);
+    let waiting = |api: &mut Api| {
+        api.ok("export_get", json!({"id": "disk"}))["status"]["waiting_for_disk"]
+            .as_bool()
+            .unwrap()
+    };
+    assert!(!waiting(&mut api), "waiting with no frontend");
     assert!(
         d.log()
             .contains("is in use by another process: it forbids others to write"),
@@ -138,6 +148,10 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
                 "{}",
                 d.log()
             );
+            assert!(
+                wait_until(Duration::from_secs(5), || waiting(&mut api)),
+                "export_get does not say the queues wait for the disk"
+            );
             // Long enough for a write that went through despite the lock to have completed.
             std::thread::sleep(Duration::from_millis(500));
             *released.lock().unwrap() = Some(std::time::Instant::now());
@@ -156,6 +170,10 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
         d.log().contains("took up the disk after waiting"),
         "{}",
         d.log()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || !waiting(&mut api)),
+        "export_get still says the queues wait for the disk"
     );
     assert!(c.read_vec(0, 0, 4096).unwrap() == [0x5a; 4096]);
     drop(c);

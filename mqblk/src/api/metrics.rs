@@ -290,6 +290,14 @@ impl Collector for Snapshot {
         )?;
         gauge(
             enc,
+            "mqblk_export_waiting_for_disk",
+            "1 while the connected frontend's queues wait to take up the disk (another process holds a conflicting image lock, or a live server's mark is on the image): its guest's requests wait until it is free.",
+            exports
+                .iter()
+                .map(|e| (export(e), u64::from(e.waiting_for_disk))),
+        )?;
+        gauge(
+            enc,
             "mqblk_export_failed",
             "1 when an I/O thread of the export died (a panic, or a failed io_uring), or its engine failed (a qcow2 image given up): the export serves nothing until it is removed and added again.",
             exports
@@ -441,6 +449,7 @@ mod tests {
             readonly: false,
             connected: true,
             connections: 3,
+            waiting_for_disk: false,
             in_flight: 2,
             table_memory: (id == "b").then_some(9 << 20),
             failure: (id == "b").then(|| "mqblk-io0-b: panicked: test".into()),

@@ -586,6 +586,7 @@ mod tests {
             readonly: cfg.readonly,
             connected: false,
             connections: 0,
+            waiting_for_disk: false,
             in_flight: 0,
             table_memory: None,
             failure: None,

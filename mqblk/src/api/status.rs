@@ -29,6 +29,11 @@ pub struct ExportStatus {
     pub connected: bool,
     /// Frontends that have connected since the export started.
     pub connections: u64,
+    /// The connected frontend's queues are set up but wait to take up the disk (another
+    /// process holds a conflicting image lock, or a live server's mark is on the image); they
+    /// start once it is free.
+    #[serde(default)]
+    pub waiting_for_disk: bool,
     /// Requests in flight at the engine now.
     pub in_flight: u64,
     /// For a qcow2 export, the bytes of the daemon's `--table-memory-total` its chain holds

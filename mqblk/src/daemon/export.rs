@@ -194,6 +194,7 @@ impl Export {
             readonly: cfg.readonly,
             connected: self.state.connected(),
             connections: self.state.connections.load(Ordering::Relaxed),
+            waiting_for_disk: self.state.waiting_for_disk.load(Ordering::Relaxed),
             in_flight: d.threads().iter().map(|t| t.counters().in_flight()).sum(),
             table_memory: d.engine().table_memory(),
             failure: d.failure().reason(),

@@ -105,6 +105,9 @@ pub struct ListenerState {
     pub connections: AtomicU64,
     /// The session of the connected frontend, for the control plane (resize).
     pub session: Mutex<Option<Arc<Mutex<Session>>>>,
+    /// Whether the connected frontend's rings wait to take up the disk
+    /// ([`disk_wait`]), as the listener last saw it.
+    pub waiting_for_disk: AtomicBool,
 }
 
 impl ListenerState {
@@ -116,6 +119,7 @@ impl ListenerState {
             wake: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
             connections: AtomicU64::new(0),
             session: Mutex::new(None),
+            waiting_for_disk: AtomicBool::new(false),
         })
     }
 
@@ -189,7 +193,9 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
             let ends = [device.failure().event_fd(), state.wake.as_fd()];
-            let retry = lock(&session).waits_for_disk().then_some(RETRY_DISK);
+            let waiting = lock(&session).waits_for_disk();
+            state.waiting_for_disk.store(waiting, Ordering::Relaxed);
+            let retry = waiting.then_some(RETRY_DISK);
             match wait_for_message(&listener, &conn, ends, served, retry.as_ref()) {
                 Wait::Message => {}
                 Wait::Retry => {
@@ -230,6 +236,7 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         }
         *state.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         *state.session.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        state.waiting_for_disk.store(false, Ordering::Relaxed);
         // The frontend sees the connection end now, before the drain: the session and its
         // fault guards hold copies of the socket until they are reset.
         let _ = conn.shutdown(std::net::Shutdown::Both);
