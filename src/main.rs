@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, ensure, Context};
+use anyhow::{ensure, Context};
 use clap::{Parser, Subcommand};
 
 use mqblk::config::{self, ExportConfig};
@@ -13,6 +13,7 @@ use mqblk::sandbox::SandboxOptions;
 
 mod ctl;
 mod demo;
+mod logging;
 
 #[derive(Parser)]
 #[command(
@@ -133,31 +134,6 @@ struct DemoArgs {
     connect: Option<PathBuf>,
 }
 
-fn init_logging(level: &str) -> anyhow::Result<()> {
-    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
-    let filter = if LEVELS.contains(&level) {
-        format!("mqblk={level},warn")
-    } else if level.contains('=') {
-        level.to_string()
-    } else {
-        bail!("invalid --log-level {level}: use error, warn, info, debug or trace");
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(
-            std::io::IsTerminal::is_terminal(&std::io::stderr())
-                && std::env::var_os("NO_COLOR").is_none(),
-        )
-        .with_target(false)
-        // A line that cannot be written (the log's reader gone, its filesystem full) is lost.
-        // Reported instead, it would go with `eprintln!`, which panics when standard error
-        // fails too, in whichever thread logged: an I/O thread, the vhost-user thread.
-        .log_internal_errors(false)
-        .init();
-    Ok(())
-}
-
 /// The exports of `--config` and every `--export`, checked against each other, and the
 /// config file's log level.
 fn load_exports(
@@ -208,7 +184,7 @@ fn serve(
     opts: ServeOptions,
 ) -> anyhow::Result<()> {
     let (exports, file_level) = load_exports(exports, config, opts.api_socket.is_some())?;
-    init_logging(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
+    logging::init(&log_level.or(file_level).unwrap_or_else(|| "info".into()))?;
     mqblk::daemon::serve(exports, &opts)?;
     Ok(())
 }
@@ -243,7 +219,7 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         jobs > 0 && iodepth > 0 && runtime > 0.0 && runtime <= 3600.0,
         "--jobs and --iodepth must be at least 1, --runtime 0 to 3600 s"
     );
-    init_logging("warn")?;
+    logging::init("warn")?;
     demo::run(&demo::DemoOptions {
         size,
         queues,
@@ -260,7 +236,7 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
 
 fn run_bench(args: &mqblk_bench::BenchArgs) -> anyhow::Result<()> {
     let opts = mqblk_bench::BenchOptions::from_args(args).map_err(anyhow::Error::msg)?;
-    init_logging("warn")?;
+    logging::init("warn")?;
     let command = std::env::args()
         .map(|a| mqblk_bench::shell_quote(&a))
         .collect::<Vec<_>>()

@@ -2117,3 +2117,63 @@ fn overlay_chain(
         })
         .collect()
 }
+
+/// An image whose refcount table points its refcount blocks at offsets terabytes apart, far
+/// past the end of its 1,294-byte file (the `qcow2_image` fuzz target found it; its seed
+/// corpus keeps it): an `export_resize` before a frontend connects mends the image first,
+/// counting its tables in those blocks, each written where the table points. Each such write
+/// grew the file ahead by up to 16 MiB that nothing was ever written into: 274 MiB of the
+/// filesystem, which every other image on it shares, for one small upload. What the file
+/// takes ahead of its writes is now bounded by what is written past its end
+/// (`RingFile::grow_for`).
+#[test]
+fn an_image_whose_refcount_blocks_lie_far_apart_past_its_end_takes_little_of_its_filesystem() {
+    use std::os::unix::fs::MetadataExt;
+    // On ext4 the first block far out fails (past its 16 TiB file size limit), and the rest
+    // with it; a tmpfs takes them all.
+    let dir = TestDir::on_tmpfs();
+    let img = dir.join("far.qcow2");
+    let seed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/corpus/qcow2_image/far-apart-refcount-blocks"
+    );
+    std::fs::copy(seed, &img).unwrap();
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .queues(1)
+        .direct(false)
+        .set("format", "qcow2")
+        .set("id", "far");
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+    // The image is corrupt: whether the resize and the write succeed does not matter, what
+    // they take does.
+    let _ = api.call(
+        "export_resize",
+        serde_json::json!({"id": "far", "size": 2 << 20}),
+    );
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.set_timeout(Duration::from_secs(5));
+    let _ = c.write(0, 0, &[0x5a; 4096]);
+    let _ = c.flush(0);
+    drop(c);
+    d.stop();
+    let taken = std::fs::metadata(&img).unwrap().blocks() * 512;
+    // The new L1 table the resize writes (16 MiB) and the room taken ahead of what was written:
+    // without the bound, 274 MiB.
+    assert!(
+        taken <= 64 << 20,
+        "a 1294-byte image took {taken} bytes of its filesystem"
+    );
+    // imago warns for each of the thousands of clusters it cannot free: its lines are limited
+    // (2,133 of them before), and the count of those dropped is written.
+    let log = d.log();
+    assert!(
+        log.matches("Failed to free").count() <= 2 * 11,
+        "{} lines of imago's",
+        log.matches("Failed to free").count()
+    );
+    assert!(
+        log.contains("lines of imago this second: the rest of the second's are dropped"),
+        "{log}"
+    );
+}

@@ -125,6 +125,10 @@ pub trait Engine: Send + Sync {
     /// of an export starts while none of its other rings runs, so no request is in flight:
     /// another host's backend (the source of a live migration) may have changed the storage
     /// since this one opened it. Engines that cache nothing have nothing to do.
+    ///
+    /// An error of kind `ResourceBusy` says the storage is not free yet (another process's
+    /// conflicting lock, another server's mark): the session tries again until it is. Any
+    /// other error leaves the ring stopped until the frontend starts it again.
     fn refresh(&self) -> io::Result<()> {
         Ok(())
     }

@@ -1,9 +1,11 @@
 //! A connection whose rings are set up but cannot start because the engine cannot take up the
-//! disk yet (`Engine::refresh`): another process holds a conflicting image lock (a `qemu-img`
-//! that a monitoring job runs at the wrong moment, a migration's source that has not stopped),
-//! or a flush-mode server's dirty mark is still on the image. The guest's requests wait in its
-//! rings; the connection's listener tries again every [`RETRY`] until the disk is free, instead
-//! of leaving the guest without its disk until it reconnects.
+//! disk yet (`Engine::refresh` failing with `ResourceBusy`): another process holds a
+//! conflicting image lock (a `qemu-img` that a monitoring job runs at the wrong moment, a
+//! migration's source that has not stopped), or a flush-mode server's dirty mark is still on
+//! the image. The guest's requests wait in its rings; the connection's listener tries again
+//! every [`RETRY`] until the disk is free, instead of leaving the guest without its disk until
+//! it reconnects. Other failures (a corrupt image, the store's errors) are not retried: they
+//! do not pass by themselves, and a try may cost a read of the image's tables.
 
 use std::time::{Duration, Instant};
 
@@ -39,7 +41,7 @@ impl DiskWait {
                     queue,
                     err = %err,
                     retry_ms = RETRY.as_millis() as u64,
-                    "cannot take up the disk (its locks, or its metadata) yet; the queue starts once it can, tried again every retry_ms"
+                    "cannot take up the disk yet; the queue starts once it is free, tried again every retry_ms"
                 );
                 self.waiting = Some((now, now));
             }
@@ -62,11 +64,10 @@ impl DiskWait {
         self.attempts
     }
 
-    /// No ring waits any more (the frontend stopped or reset them while they waited).
+    /// No ring waits any more (the frontend stopped or reset them while they waited, or the
+    /// disk failed otherwise).
     pub fn abandoned(&mut self) {
-        if self.waiting.take().is_some() {
-            tracing::info!("no ring waits for the disk any more");
-        }
+        self.waiting = None;
     }
 
     /// The disk was taken up: the rings start.

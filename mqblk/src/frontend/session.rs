@@ -134,7 +134,14 @@ impl Session {
             // Nothing of this export is in flight: the moment to re-read what the engine
             // caches of the storage, which a migration's source may have changed.
             if let Err(e) = self.device.engine().refresh() {
-                self.disk_wait.failed(i, &e);
+                if e.kind() == std::io::ErrorKind::ResourceBusy {
+                    self.disk_wait.failed(i, &e);
+                } else {
+                    // Not something that passes (the image's metadata, the store): tried
+                    // again only when the frontend starts the ring again.
+                    self.disk_wait.abandoned();
+                    tracing::error!(queue = i, err = %e, "cannot take up the disk; queue not started");
+                }
                 return;
             }
             self.disk_wait.ended();

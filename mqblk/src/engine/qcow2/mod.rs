@@ -242,7 +242,8 @@ impl Qcow2Engine {
         let top = self.top();
         top.image.top_lock.take().map_err(|e| match e {
             LockError::Io { err, .. } => err,
-            e => io::Error::other(e),
+            // Busy: the session tries again until the other process lets go.
+            e @ LockError::InUse { .. } => io::Error::new(io::ErrorKind::ResourceBusy, e),
         })?;
         Ok(top.image.clone())
     }
@@ -265,7 +266,8 @@ impl Qcow2Engine {
             if !marked_here && dirty_mark::on_file(tables)? {
                 // Another server's mark: it still serves the image (a migration's source whose
                 // rings have not stopped), and nothing here may touch it yet.
-                return Err(io::Error::other(
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
                     "the image is still marked dirty by the server it came from \
                      (metadata-commit=flush), which must stop its queues first",
                 ));

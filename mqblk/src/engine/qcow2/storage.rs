@@ -37,6 +37,50 @@ const GROWTH: u64 = 16 << 20;
 /// zeroed memory) for writes it never makes.
 const MIN_GROWTH: u64 = 1 << 20;
 
+/// What [`RingFile::grow_for`] took ahead of writes, against what was written past the
+/// file's end: it may take ahead at most [`GROWTH`] more than was written there. Atomics, as
+/// the metadata worker's tasks grow the file concurrently; a race lets a step through that
+/// the bound would have cut, by at most one step per task.
+#[derive(Debug)]
+struct GrowthBudget {
+    /// The end of the furthest write (at first, the file's length at open).
+    written_end: AtomicU64,
+    /// Bytes written past `written_end` as it then was (the gap before such a write, which
+    /// stays a hole, not counted).
+    appended: AtomicU64,
+    /// Bytes taken past the ends of the writes that took them.
+    taken_ahead: AtomicU64,
+}
+
+impl GrowthBudget {
+    fn new(len: u64) -> GrowthBudget {
+        GrowthBudget {
+            written_end: AtomicU64::new(len),
+            appended: AtomicU64::new(0),
+            taken_ahead: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a write of `offset..end`.
+    fn wrote(&self, offset: u64, end: u64) {
+        let before = self.written_end.fetch_max(end, Ordering::AcqRel);
+        if end > before {
+            self.appended
+                .fetch_add(end - offset.max(before), Ordering::AcqRel);
+        }
+    }
+
+    /// How much may still be taken ahead.
+    fn room(&self) -> u64 {
+        let allowed = self.appended.load(Ordering::Acquire) + GROWTH;
+        allowed.saturating_sub(self.taken_ahead.load(Ordering::Acquire))
+    }
+
+    fn took_ahead(&self, n: u64) {
+        self.taken_ahead.fetch_add(n, Ordering::AcqRel);
+    }
+}
+
 /// An open image file (a layer of the chain).
 #[derive(Debug)]
 pub struct RingFile {
@@ -51,6 +95,8 @@ pub struct RingFile {
     /// Writes past the end grow the file first, by up to [`GROWTH`] at a time (see
     /// `grow_for`).
     prealloc: bool,
+    /// What was taken ahead of writes, against what was written past the file's end.
+    growth: GrowthBudget,
     /// Which writes may stay plain (the top image's; without it every write but guest data is
     /// written through).
     order: Option<Arc<WriteOrder>>,
@@ -90,6 +136,7 @@ impl RingFile {
             filename: path.to_path_buf(),
             size: AtomicU64::new(size),
             prealloc: writable,
+            growth: GrowthBudget::new(size),
             order: None,
             tables,
             syncing: futures::lock::Mutex::new(()),
@@ -148,13 +195,21 @@ impl RingFile {
     /// clusters follow the last one used), but an image's refcounts may place its first free
     /// cluster anywhere, terabytes past its end, and what is taken here is taken from every
     /// other file on the filesystem.
+    ///
+    /// For the same reason the room taken ahead is bounded by what is written: in all, at
+    /// most [`GROWTH`] more than the bytes written past the file's end ([`GrowthBudget`]).
+    /// Appending writes fill each step before the next is taken, so they never meet the
+    /// bound; an image whose refcount table points its refcount blocks at offsets far apart
+    /// past its end (each write there a step of its own, never filled) would otherwise take
+    /// [`GROWTH`] of the filesystem for every few hundred bytes it has written.
     pub fn grow_for(&self, offset: u64, end: u64) -> io::Result<()> {
+        self.growth.wrote(offset, end);
         let size = self.size.load(Ordering::Acquire);
         if !self.prealloc || end <= size {
             return Ok(());
         }
         let ahead = size.next_power_of_two().clamp(MIN_GROWTH, GROWTH);
-        let step = end.next_multiple_of(ahead);
+        let step = end.next_multiple_of(ahead).min(end + self.growth.room());
         let from = offset.clamp(size, end);
         let grown = match self.fallocate(0, from, step - from) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && step > end => {
@@ -164,6 +219,7 @@ impl RingFile {
         };
         match grown {
             Ok(to) => {
+                self.growth.took_ahead(to - end);
                 self.grown_to(to);
                 Ok(())
             }
@@ -489,17 +545,55 @@ mod tests {
         // SAFETY: a pure write of zeroes, aligned.
         block_on(unsafe { f.pure_write_zeroes(0, 4096) }).unwrap();
         assert_eq!(len(), MIN_GROWTH);
-        // A write just past the grown end grows it by the file's size, up to GROWTH at a time.
+        // Once the room taken is written, a write just past the grown end grows it by the
+        // file's size, up to GROWTH at a time.
         let mut expected = MIN_GROWTH;
-        while expected < 3 * GROWTH {
+        let mut written_to = 12288;
+        while expected < 2 * GROWTH {
+            let fill = vec![7u8; (len() - written_to) as usize];
+            // SAFETY: as above.
+            block_on(unsafe { f.pure_writev(IoVector::from(&fill), written_to) }).unwrap();
+            assert_eq!(len(), expected, "a write inside the room grew the file");
             // SAFETY: as above.
             block_on(unsafe { f.pure_writev(IoVector::from(&data), len()) }).unwrap();
+            written_to = expected + 4096;
             expected += expected.min(GROWTH);
             assert_eq!(len(), expected);
         }
         let bytes = std::fs::read(&path).unwrap();
-        assert!(bytes[8192..12288].iter().all(|&b| b == 7));
+        assert!(bytes[8192..written_to as usize].iter().all(|&b| b == 7));
         assert!(bytes[..8192].iter().all(|&b| b == 0));
+    }
+
+    /// Writes far apart past the end (an image whose refcount table points its blocks there)
+    /// take, in all, at most GROWTH more than they write: without the bound each took a step
+    /// of its own (GROWTH once the file is large), never filled.
+    #[test]
+    fn writes_far_apart_past_the_end_take_little_more_than_they_write() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("img");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let f = RingFile::new(file, &path, true, false).unwrap();
+        let data = vec![7u8; 4096];
+        let (writes, apart) = (64u64, 4 * GROWTH);
+        for k in 0..writes {
+            // SAFETY: the buffer outlives the call (blocking here: no ring on this thread).
+            block_on(unsafe { f.pure_writev(IoVector::from(&data), (k + 1) * apart) }).unwrap();
+        }
+        let taken = std::fs::metadata(&path).unwrap().blocks() * 512;
+        let written = writes * 4096;
+        assert!(
+            taken <= 2 * written + GROWTH + MIN_GROWTH,
+            "{writes} writes of 4 KiB took {taken} bytes"
+        );
+        assert!(taken >= written);
     }
 
     /// Dirty pages of `file` in its first `len` bytes, by cachestat(2) (Linux 6.5); `None`
