@@ -155,10 +155,16 @@ impl Export {
         let session = self.session();
         let engine = self.device.engine();
         match session {
-            Some(s) => s
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .quiesced(|| engine.snapshot(overlay))?,
+            Some(s) => {
+                let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
+                let taken = s.quiesced(|| engine.snapshot(overlay));
+                if s.waits_for_disk() {
+                    // The rings started again here, not on the listener's thread, which
+                    // tries again only while it knows they wait.
+                    self.state.look_again();
+                }
+                taken?
+            }
             None => engine.snapshot(overlay)?,
         }
         *self.snapshot_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(overlay.to_path_buf());

@@ -108,6 +108,9 @@ pub struct ListenerState {
     /// Whether the connected frontend's rings wait to take up the disk
     /// ([`disk_wait`]), as the listener last saw it.
     pub waiting_for_disk: AtomicBool,
+    /// An eventfd written when rings were started off the listener's thread (a snapshot's
+    /// quiesce), so that it looks again whether they wait for the disk.
+    look_again: OwnedFd,
 }
 
 impl ListenerState {
@@ -120,7 +123,14 @@ impl ListenerState {
             connections: AtomicU64::new(0),
             session: Mutex::new(None),
             waiting_for_disk: AtomicBool::new(false),
+            look_again: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
         })
+    }
+
+    /// Has the listener look again whether the connection's rings wait for the disk: after
+    /// they were started on another thread, which may have found it busy.
+    pub fn look_again(&self) {
+        let _ = rustix::io::write(&self.look_again, &1u64.to_ne_bytes());
     }
 
     /// Asks the listener to stop, waking it wherever it waits.
@@ -192,7 +202,11 @@ pub fn serve(listener: UnixListener, device: Arc<Device>, state: Arc<ListenerSta
         loop {
             // vhost-user is one frontend per socket: while this one is connected, a second
             // one is told no at once (closed) instead of waiting unseen in the backlog.
-            let ends = [device.failure().event_fd(), state.wake.as_fd()];
+            let ends = [
+                device.failure().event_fd(),
+                state.wake.as_fd(),
+                state.look_again.as_fd(),
+            ];
             let waiting = lock(&session).waits_for_disk();
             state.waiting_for_disk.store(waiting, Ordering::Relaxed);
             let retry = waiting.then_some(RETRY_DISK);
@@ -305,20 +319,25 @@ enum Wait {
 }
 
 /// Waits until the connection has a message, or is closed or failed, or the export failed
-/// (`failed` readable) or stops (`stopping` readable), or `retry` passes, turning away any
-/// other frontend that connects meanwhile.
+/// (`failed` readable) or stops (`stopping` readable), or `retry` passes or `look_again` is
+/// readable, turning away any other frontend that connects meanwhile.
 fn wait_for_message(
     listener: &UnixListener,
     conn: &UnixStream,
-    [failed, stopping]: [BorrowedFd<'_>; 2],
+    [failed, stopping, look_again]: [BorrowedFd<'_>; 3],
     served: u64,
     retry: Option<&Timespec>,
 ) -> Wait {
     loop {
-        let Some(events) = poll_in([conn.as_fd(), listener.as_fd(), failed, stopping], retry)
-        else {
+        let fds = [conn.as_fd(), listener.as_fd(), failed, stopping, look_again];
+        let Some(events) = poll_in(fds, retry) else {
             return Wait::End;
         };
+        if !events[4].is_empty() {
+            let mut count = [0u8; 8];
+            let _ = rustix::io::read(look_again, &mut count);
+            return Wait::Retry;
+        }
         if events.iter().all(|e| e.is_empty()) {
             return Wait::Retry;
         }

@@ -196,6 +196,9 @@ impl Session {
 
     /// Tries again to start the rings that wait for the disk.
     pub fn start_waiting_rings(&mut self) {
+        if !self.disk_wait.waiting() {
+            return;
+        }
         let attempts = self.disk_wait.attempts();
         for i in 0..self.vrings.len() {
             if !self.vrings[i].started {
