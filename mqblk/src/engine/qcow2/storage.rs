@@ -50,6 +50,8 @@ struct GrowthBudget {
     appended: AtomicU64,
     /// Bytes taken past the ends of the writes that took them.
     taken_ahead: AtomicU64,
+    /// Whether the bound has cut a step short yet (said once).
+    cut: AtomicBool,
 }
 
 impl GrowthBudget {
@@ -58,6 +60,7 @@ impl GrowthBudget {
             written_end: AtomicU64::new(len),
             appended: AtomicU64::new(0),
             taken_ahead: AtomicU64::new(0),
+            cut: AtomicBool::new(false),
         }
     }
 
@@ -70,10 +73,20 @@ impl GrowthBudget {
         }
     }
 
-    /// How much may still be taken ahead.
-    fn room(&self) -> u64 {
+    /// How much may still be taken ahead, where `wanted` would be: said once per file when
+    /// that is less (an image that writes far apart past its end; appends never are).
+    fn room(&self, wanted: u64, path: &Path) -> u64 {
         let allowed = self.appended.load(Ordering::Acquire) + GROWTH;
-        allowed.saturating_sub(self.taken_ahead.load(Ordering::Acquire))
+        let room = allowed.saturating_sub(self.taken_ahead.load(Ordering::Acquire));
+        if room < wanted && !self.cut.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                image = %path.display(),
+                written_past_end = self.appended.load(Ordering::Acquire),
+                taken_ahead = self.taken_ahead.load(Ordering::Acquire),
+                "the image writes far apart past the end of its file (its tables point there): the file is grown ahead of those writes only by what was written there"
+            );
+        }
+        room.min(wanted)
     }
 
     fn took_ahead(&self, n: u64) {
@@ -209,7 +222,8 @@ impl RingFile {
             return Ok(());
         }
         let ahead = size.next_power_of_two().clamp(MIN_GROWTH, GROWTH);
-        let step = end.next_multiple_of(ahead).min(end + self.growth.room());
+        let wanted = end.next_multiple_of(ahead) - end;
+        let step = end + self.growth.room(wanted, &self.filename);
         let from = offset.clamp(size, end);
         let grown = match self.fallocate(0, from, step - from) {
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && step > end => {
