@@ -74,7 +74,7 @@ impl GrowthBudget {
     }
 
     /// How much may still be taken ahead, where `wanted` would be: said once per file when
-    /// that is less (an image that writes far apart past its end; appends never are).
+    /// that is less (an image that writes far apart past its end).
     fn room(&self, wanted: u64, path: &Path) -> u64 {
         let allowed = self.appended.load(Ordering::Acquire) + GROWTH;
         let room = allowed.saturating_sub(self.taken_ahead.load(Ordering::Acquire));
@@ -211,8 +211,10 @@ impl RingFile {
     ///
     /// For the same reason the room taken ahead is bounded by what is written: in all, at
     /// most [`GROWTH`] more than the bytes written past the file's end ([`GrowthBudget`]).
-    /// Appending writes fill each step before the next is taken, so they never meet the
-    /// bound; an image whose refcount table points its refcount blocks at offsets far apart
+    /// Appending writes fill each step before the next is taken, so they do not meet the
+    /// bound (one that lands behind a later one is not counted, but such writes are a few
+    /// clusters apart at most, and the bound has a step of slack; no sample of the bench met
+    /// it: docs/PERFORMANCE.md 13h); an image whose refcount table points its refcount blocks at offsets far apart
     /// past its end (each write there a step of its own, never filled) would otherwise take
     /// [`GROWTH`] of the filesystem for every few hundred bytes it has written.
     pub fn grow_for(&self, offset: u64, end: u64) -> io::Result<()> {
