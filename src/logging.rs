@@ -1,5 +1,6 @@
 //! The daemon's log on standard error: mqblk's lines at the level asked for, other crates'
-//! from `warn` up. Other crates' lines are limited to [`PER_SEC`] a second each: mqblk limits
+//! from `warn` up. Other crates' lines are limited to [`PER_SEC`] a second each, by the same
+//! [`LogLimiter`] that limits mqblk's lines about what a guest controls: mqblk limits
 //! its own lines about what a guest or an image controls where it logs them, but a library's
 //! lines are its own, and imago warns once per cluster it cannot free, which a crafted image
 //! makes thousands of times a request. The first line over the limit is written with a note
@@ -9,9 +10,9 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
 
 use anyhow::bail;
+use mqblk::log_limit::LogLimiter;
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, MakeWriter};
@@ -21,7 +22,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 /// Lines a second let through from each crate other than mqblk.
-pub const PER_SEC: u32 = 10;
+const PER_SEC: u32 = LogLimiter::PER_SEC;
 
 /// The levels `--log-level` takes by name.
 const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
@@ -82,13 +83,11 @@ thread_local! {
     static NOTE: Cell<Option<Note>> = const { Cell::new(None) };
 }
 
-/// Lets through [`PER_SEC`] lines a second of each crate other than mqblk, and one more that
-/// says the rest are dropped.
+/// Lets through what a [`LogLimiter`] per crate other than mqblk allows, and the first line
+/// it refuses, which says that the rest are dropped.
 #[derive(Default)]
 struct OtherCratesLimit {
-    /// Per crate: the second counted, lines let through in it, lines dropped since the last
-    /// one let through.
-    crates: Mutex<HashMap<&'static str, (Instant, u32, u64)>>,
+    crates: Mutex<HashMap<&'static str, LogLimiter>>,
 }
 
 impl<S: Subscriber> Layer<S> for OtherCratesLimit {
@@ -99,21 +98,14 @@ impl<S: Subscriber> Layer<S> for OtherCratesLimit {
             return true;
         }
         let mut crates = self.crates.lock().unwrap_or_else(|e| e.into_inner());
-        let (second, used, dropped) = crates.entry(krate).or_insert((Instant::now(), 0, 0));
-        if second.elapsed().as_secs() >= 1 {
-            *second = Instant::now();
-            *used = 0;
-        }
-        *used += 1;
-        let note = if *used > PER_SEC + 1 {
-            *dropped += 1;
-            return false;
-        } else if *used == PER_SEC + 1 {
-            Note::DroppingAfter(krate)
-        } else if *dropped > 0 {
-            Note::DroppedBefore(krate, std::mem::take(dropped))
-        } else {
-            return true;
+        let limiter = crates.entry(krate).or_default();
+        let note = match limiter.allow() {
+            // The first line the limiter refused was written (below), and is among these.
+            Some(counted) if counted > 1 => Note::DroppedBefore(krate, counted - 1),
+            Some(_) => return true,
+            // The first refused since the last line let through: written, saying so.
+            None if limiter.dropped() == 1 => Note::DroppingAfter(krate),
+            None => return false,
         };
         NOTE.with(|n| n.set(Some(note)));
         true

@@ -34,7 +34,7 @@ pub mod engine;
 pub mod format;
 pub mod frontend;
 pub mod io;
-pub(crate) mod log_limit;
+pub mod log_limit;
 pub mod sandbox;
 pub mod shm;
 pub(crate) mod test_hooks;

@@ -10,9 +10,15 @@ pub struct LogLimiter {
     dropped: u64,
 }
 
+impl Default for LogLimiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl LogLimiter {
     /// Lines allowed per second.
-    const PER_SEC: u32 = 10;
+    pub const PER_SEC: u32 = 10;
 
     /// A fresh limiter.
     pub fn new() -> Self {
@@ -21,6 +27,11 @@ impl LogLimiter {
             used: 0,
             dropped: 0,
         }
+    }
+
+    /// Lines dropped since the last allowed one.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// `Some(lines dropped since the last allowed one)` if this line may be logged.
