@@ -59,10 +59,8 @@ fn qemu_img_cannot_resize_a_raw_image_mqblk_serves() {
 /// daemon has stopped, all of them can.
 #[test]
 fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
-    let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
+    let (dir, img) = new_qcow2();
     let name = img.display().to_string();
-    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, "16M"]);
     let sock = dir.join("s.sock");
     let export = Export::file(&sock, &img).set("format", "qcow2");
     let mut d = Daemon::start(&dir, &[export]);
@@ -103,10 +101,7 @@ fn qemu_cannot_write_a_qcow2_image_mqblk_serves() {
 /// forbids others to write the qcow2 file.
 #[test]
 fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
-    let dir = TestDir::new();
-    let img = dir.join("disk.qcow2");
-    let name = img.display().to_string();
-    qemu_img_ok(&["create", "-q", "-f", "qcow2", &name, "16M"]);
+    let (dir, img) = new_qcow2();
     let mut qemu = hold_with_qemu_io(&img);
 
     let sock = dir.join("s.sock");
@@ -179,6 +174,21 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
     drop(c);
     d.terminate();
     qemu_io_ok(&img, "read -P 0x5a 0 4k");
+}
+
+/// A test directory with a new 16 MiB qcow2 image in it, and the image's path.
+fn new_qcow2() -> (TestDir, std::path::PathBuf) {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    qemu_img_ok(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        &img.display().to_string(),
+        "16M",
+    ]);
+    (dir, img)
 }
 
 /// `qemu-io` with the qcow2 image at `path` open for writing (its commands come from standard

@@ -27,10 +27,7 @@ fn a_log_that_cannot_be_written_stops_no_thread() {
     };
     // A sparse 16 MiB image on a 1 MiB filesystem.
     let img = m.path().join("disk.raw");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
+    write_image(&img, 16 << 20, None);
     let sock = dir.join("s.sock");
     let export = Export::file(&sock, &img).direct(false);
     let mut cmd = Command::new(mqblk_bin());

@@ -542,9 +542,8 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn writes_past_the_end_grow_the_file_ahead_and_zeroing_never_shrinks_it() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A new empty image file in `dir`, open writable.
+    fn new_writable(dir: &tempfile::TempDir) -> (PathBuf, RingFile) {
         let path = dir.path().join("img");
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -554,6 +553,13 @@ mod tests {
             .open(&path)
             .unwrap();
         let f = RingFile::new(file, &path, true, false).unwrap();
+        (path, f)
+    }
+
+    #[test]
+    fn writes_past_the_end_grow_the_file_ahead_and_zeroing_never_shrinks_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, f) = new_writable(&dir);
         let len = || std::fs::metadata(&path).unwrap().len();
         let data = vec![7u8; 4096];
         // SAFETY: the buffer outlives the call (blocking here: no ring on this thread).
@@ -590,15 +596,7 @@ mod tests {
     fn writes_far_apart_past_the_end_take_little_more_than_they_write() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("img");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let f = RingFile::new(file, &path, true, false).unwrap();
+        let (path, f) = new_writable(&dir);
         let data = vec![7u8; 4096];
         let (writes, apart) = (64u64, 4 * GROWTH);
         for k in 0..writes {
