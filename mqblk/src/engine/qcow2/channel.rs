@@ -5,9 +5,10 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::image::Image;
+use super::image::{Image, Invalidation};
+use super::locks::{clusters, overlap};
 use super::mapping::{MappingCache, Target};
-use super::metadata::{self, IoVecs, Job, Jobs, Replies, Reply, Work};
+use super::metadata::{self, Hint, IoVecs, Job, Jobs, Replies, Reply, Work};
 use super::Shared;
 use crate::engine::{self, Channel, Op, Started};
 
@@ -24,6 +25,8 @@ pub struct Qcow2Channel {
     pub(super) epoch: u64,
     /// Reaped replies, kept to reuse the allocation.
     pub(super) reaped: Vec<Reply>,
+    /// The invalidations made since the oldest reaped reply's hints were read (reused).
+    pub(super) since_hints: Vec<Invalidation>,
 }
 
 impl Qcow2Channel {
@@ -38,8 +41,8 @@ impl Qcow2Channel {
             return;
         }
         let cache = &mut self.cache;
-        if !metadata::catch_up(&self.image, self.epoch, |offset, len| {
-            cache.invalidate(offset, len)
+        if !metadata::invalidations_since(&self.image, self.epoch, |i| {
+            cache.invalidate(i.offset, i.len)
         }) {
             cache.clear();
         }
@@ -150,15 +153,65 @@ impl Channel for Qcow2Channel {
             &mut self.reaped,
         );
         self.catch_up();
+        // A reply's hints were read at its epoch. Of those read before the latest
+        // invalidation, the clusters no invalidation since has touched still hold. With
+        // allocations in a group commit each bumping the epoch, dropping every such reply's
+        // hints would lose most of them, and each lost one sends the next request for its
+        // cluster to the worker.
+        let oldest = self
+            .reaped
+            .iter()
+            .filter(|r| r.epoch != self.epoch && !r.hints.is_empty())
+            .map(|r| r.epoch)
+            .min();
+        self.since_hints.clear();
+        let known = match oldest {
+            Some(seen) => {
+                metadata::invalidations_since(&self.image, seen, |i| self.since_hints.push(*i))
+            }
+            None => true,
+        };
+        let bits = self.image.cluster_bits;
         for reply in self.reaped.drain(..) {
-            // Hints read before the latest invalidation may be stale: dropped.
             if reply.epoch == self.epoch {
                 for h in &reply.hints {
                     self.cache.insert(h.guest, h.target, h.len);
                 }
+            } else if known && reply.epoch < self.epoch {
+                for h in &reply.hints {
+                    insert_untouched(&mut self.cache, h, reply.epoch, &self.since_hints, bits);
+                }
             }
             done(reply.token, reply.result);
         }
+    }
+}
+
+/// Caches the clusters of `hint` (read at epoch `read_at`) that none of the invalidations in
+/// `since` made after `read_at` touched.
+fn insert_untouched(
+    cache: &mut MappingCache,
+    hint: &Hint,
+    read_at: u64,
+    since: &[Invalidation],
+    bits: u32,
+) {
+    let touched = |range: &std::ops::RangeInclusive<u64>| {
+        since
+            .iter()
+            .any(|i| i.epoch > read_at && overlap(&clusters(i.offset, i.len, bits), range))
+    };
+    let range = clusters(hint.guest, hint.len, bits);
+    if !touched(&range) {
+        return cache.insert(hint.guest, hint.target, hint.len);
+    }
+    let first = hint.guest >> bits;
+    for c in range.filter(|&c| !touched(&(c..=c))) {
+        cache.insert(
+            c << bits,
+            hint.target.advance((c - first) << bits),
+            1 << bits,
+        );
     }
 }
 
@@ -204,5 +257,56 @@ unsafe fn zero_iovecs(iovs: *const libc::iovec, iovcnt: u32) {
     for v in iovs {
         // SAFETY: the caller's contract: valid for writes of `iov_len` bytes.
         unsafe { std::ptr::write_bytes(v.iov_base.cast::<u8>(), 0, v.iov_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BITS: u32 = 16;
+    const C: u64 = 1 << BITS;
+
+    fn backing(offset: u64) -> Target {
+        Target::File {
+            layer: 1,
+            offset,
+            writable: false,
+        }
+    }
+
+    fn invalidation(epoch: u64, offset: u64, len: u64) -> Invalidation {
+        Invalidation { epoch, offset, len }
+    }
+
+    /// A hint read at epoch 5 over clusters 0..8, while clusters 2 and 5..6 were allocated at
+    /// epochs 6 and 7: those are left out, the rest is cached; what was invalidated at or
+    /// before the read does not count.
+    #[test]
+    fn a_hint_read_before_an_invalidation_keeps_only_the_clusters_it_did_not_touch() {
+        let mut cache = MappingCache::new(BITS, 64, 1 << 20);
+        let hint = Hint {
+            guest: 0,
+            target: backing(10 * C),
+            len: 8 * C,
+        };
+        let since = [
+            invalidation(7, 5 * C + 100, C),
+            invalidation(6, 2 * C, 512),
+            invalidation(5, 0, 8 * C),
+        ];
+        insert_untouched(&mut cache, &hint, 5, &since, BITS);
+        for c in 0..8 {
+            let cached = cache.lookup(c * C, 4096, false);
+            if [2, 5, 6].contains(&c) {
+                assert_eq!(cached, None, "cluster {c} was invalidated after the read");
+            } else {
+                assert_eq!(cached, Some(backing((10 + c) * C)), "cluster {c}");
+            }
+        }
+        // Nothing after the read: the whole run, as one.
+        let mut cache = MappingCache::new(BITS, 64, 1 << 20);
+        insert_untouched(&mut cache, &hint, 7, &since, BITS);
+        assert_eq!(cache.lookup(0, 8 * C, false), Some(backing(10 * C)));
     }
 }

@@ -70,7 +70,7 @@ impl Target {
     }
 
     /// The same target `bytes` further on.
-    fn advance(self, bytes: u64) -> Target {
+    pub(super) fn advance(self, bytes: u64) -> Target {
         match self {
             Target::Zeros => Target::Zeros,
             Target::File {

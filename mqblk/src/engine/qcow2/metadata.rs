@@ -853,10 +853,10 @@ async fn hints(image: &Image, offset: u64, len: u64) -> (Vec<Hint>, u64) {
     (out, epoch)
 }
 
-/// Brings a thread's view from epoch `seen` up to date: `forget` is called with each range
-/// invalidated since. Returns false when some of those are no longer kept (the thread must
-/// forget everything).
-pub fn catch_up(image: &Image, seen: u64, mut forget: impl FnMut(u64, u64)) -> bool {
+/// Calls `each` with every invalidation made after epoch `seen`, newest first. Returns false
+/// when some of those are no longer kept (a thread must then forget everything it cached, and
+/// trust no mapping read at `seen`).
+pub fn invalidations_since(image: &Image, seen: u64, mut each: impl FnMut(&Invalidation)) -> bool {
     let log = image
         .invalidations
         .lock()
@@ -864,7 +864,7 @@ pub fn catch_up(image: &Image, seen: u64, mut forget: impl FnMut(u64, u64)) -> b
     match log.front() {
         Some(first) if first.epoch <= seen + 1 => {
             for i in log.iter().rev().take_while(|i| i.epoch > seen) {
-                forget(i.offset, i.len);
+                each(i);
             }
             true
         }

@@ -425,6 +425,7 @@ impl Engine for Qcow2Engine {
             epoch: image.epoch.load(Ordering::Acquire),
             image,
             reaped: Vec::new(),
+            since_hints: Vec::new(),
         }))
     }
 
