@@ -307,6 +307,10 @@ pub trait Channel {
     fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {
         let _ = done;
     }
+    /// The thread has started (and retried) what its round had: a channel that hands
+    /// [`Started::Pending`] operations to a thread of its own wakes that thread here, once a
+    /// round rather than once an operation. Called every round, before the thread may sleep.
+    fn end_round(&mut self) {}
     /// The result of a [`Started::WideRing`] entry's completion as the kernel posted it (for
     /// NVMe passthrough: 0, a positive NVMe status, or a negative errno), as 0 for success or
     /// a negative errno. Channels that build no wide entries never see one.

@@ -199,6 +199,7 @@ impl IoThread {
             }
             self.gather();
             self.start_staged();
+            self.channel.end_round();
             self.finish_stops();
             self.notify();
             self.shared.publish(&self.counters, self.engine_in_flight);

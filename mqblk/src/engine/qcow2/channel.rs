@@ -27,6 +27,8 @@ pub struct Qcow2Channel {
     pub(super) reaped: Vec<Reply>,
     /// The invalidations made since the oldest reaped reply's hints were read (reused).
     pub(super) since_hints: Vec<Invalidation>,
+    /// Jobs were sent this round: the worker is woken at its end (`end_round`).
+    pub(super) wake_worker: bool,
 }
 
 impl Qcow2Channel {
@@ -61,9 +63,12 @@ impl Qcow2Channel {
         self.cache.clear();
     }
 
-    fn to_worker(&self, work: Work, token: u64) -> Started {
+    fn send_to_worker(&mut self, work: Work, token: u64) -> Started {
         match self.jobs.send(Job::new(work, token, self.replies.clone())) {
-            Ok(()) => Started::Pending,
+            Ok(()) => {
+                self.wake_worker = true;
+                Started::Pending
+            }
             // The export is shutting down, or its worker panicked and the image was given up.
             Err(metadata::WorkerGone) => Started::Done(-libc::EIO),
         }
@@ -120,10 +125,10 @@ impl Channel for Qcow2Channel {
                     Op::Write { sync, .. } => Work::Write { offset, iovs, sync },
                     _ => Work::Read { offset, iovs },
                 };
-                self.to_worker(work, token)
+                self.send_to_worker(work, token)
             }
-            Op::Flush => self.to_worker(Work::Flush, token),
-            Op::Discard { offset, len } => self.to_worker(
+            Op::Flush => self.send_to_worker(Work::Flush, token),
+            Op::Discard { offset, len } => self.send_to_worker(
                 Work::Zero {
                     offset,
                     len,
@@ -132,7 +137,7 @@ impl Channel for Qcow2Channel {
                 token,
             ),
             Op::WriteZeroes { offset, len, unmap } => {
-                self.to_worker(Work::Zero { offset, len, unmap }, token)
+                self.send_to_worker(Work::Zero { offset, len, unmap }, token)
             }
         }
     }
@@ -143,6 +148,12 @@ impl Channel for Qcow2Channel {
 
     fn completion_fd(&self) -> Option<RawFd> {
         Some(metadata::event_fd(&self.replies))
+    }
+
+    fn end_round(&mut self) {
+        if std::mem::take(&mut self.wake_worker) {
+            self.jobs.wake();
+        }
     }
 
     fn reap(&mut self, done: &mut dyn FnMut(u64, i32)) {

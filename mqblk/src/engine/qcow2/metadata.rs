@@ -218,15 +218,21 @@ pub struct Jobs {
 pub struct WorkerGone;
 
 impl Jobs {
-    /// Hands `job` to the worker; if the worker is gone, the caller answers the job itself.
+    /// Hands `job` to the worker, which sees it at once if it is running and after the next
+    /// [`Jobs::wake`] if it waits on its ring; if the worker is gone, the caller answers the
+    /// job itself.
     pub fn send(&self, job: Job) -> Result<(), WorkerGone> {
         self.tx.send(job).map_err(|e| {
             let mut job = e.0;
             job.answered = true;
             WorkerGone
-        })?;
+        })
+    }
+
+    /// Ends the worker's wait on its ring, so that it takes the jobs sent since. (A worker
+    /// with no job at work waits on the queue itself, which a send ends.)
+    pub fn wake(&self) {
         let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
-        Ok(())
     }
 }
 

@@ -426,6 +426,7 @@ impl Engine for Qcow2Engine {
             image,
             reaped: Vec::new(),
             since_hints: Vec::new(),
+            wake_worker: false,
         }))
     }
 
