@@ -4,10 +4,11 @@
 //! the cluster from where it reads now (a backing image, or zeros). imago does that under
 //! its lock of the cluster's L2 table: a read of the whole cluster, a write of it, then the
 //! guest's write, one after the other, while every other allocation in the same table (512 MiB
-//! of guest disk at 64 KiB clusters) waits. Here the worker reads the rest of the cluster
-//! first, on its ring, outside any imago lock and in parallel with other jobs, and then hands
-//! imago one write of the whole cluster (that rest around the guest's data), which imago maps
-//! without copying anything: one write under the table's lock instead of three I/Os.
+//! of guest disk at 64 KiB clusters) waits. Here the worker reads the cluster first, on its
+//! ring, outside any imago lock and in parallel with other jobs, copies the guest's data into
+//! it, and then hands imago one write of the whole cluster, which imago maps without copying
+//! anything: one write under the table's lock instead of three I/Os. The cluster is built in a
+//! buffer of the worker's registered region ([`cluster_buffers`](super::cluster_buffers)).
 //!
 //! Between reading the rest and writing the cluster, nothing else may change the cluster, or
 //! the stale rest would overwrite it. Every metadata-path write holds its clusters
@@ -15,13 +16,13 @@
 //! which this path never rewrites), and zeroing holds `Image::zeroing` exclusively, which
 //! every write holds shared.
 
-use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
 
-use imago::io_buffers::{IoBuffer, IoVector};
+use imago::io_buffers::IoVector;
 use imago::storage::ext::StorageExt;
 
+use super::cluster_buffers::ClusterBuffer;
 use super::data_writes;
 use super::image::{resolve, Image};
 use super::mapping::Target;
@@ -46,7 +47,7 @@ pub async fn write_into_new_cluster(
     if len == 0 || len >= size || offset + len > start + size {
         return None;
     }
-    let mut rest = SpareBuffer::take(size as usize, image.access.mem_align().max(4096))?;
+    let mut cluster = ClusterBuffer::take(size as usize, image.access.mem_align().max(4096))?;
     let mut at = start;
     while at < start + size {
         let (target, n) = resolve(&image.access, at, start + size - at).await.ok()?;
@@ -55,7 +56,7 @@ pub async fn write_into_new_cluster(
             return None;
         }
         let within = (at - start) as usize..(at - start + n) as usize;
-        let dst = rest.buf().as_mut_range(within).into_slice();
+        let dst = &mut cluster.bytes_mut()[within];
         match target? {
             Target::Zeros => dst.fill(0),
             Target::File { layer, offset, .. } if layer > 0 => {
@@ -66,22 +67,21 @@ pub async fn write_into_new_cluster(
         }
         at += n;
     }
-    let (head, tail) = ((offset - start) as usize, (offset - start + len) as usize);
+    // The guest's part copied in: the cluster goes out as one buffer of the worker's
+    // registered region (`cluster_buffers`).
+    let mut at = (offset - start) as usize;
+    for d in data {
+        let n = d.len().min(size as usize - at);
+        cluster.bytes_mut()[at..at + n].copy_from_slice(&d[..n]);
+        at += n;
+    }
     let whole = || {
-        let mut whole = IoVector::with_capacity(data.len() + 2);
-        if head > 0 {
-            whole.push(rest.get().as_ref_range(0..head).into_slice());
-        }
-        for d in data {
-            whole.push(d);
-        }
-        if tail < size as usize {
-            whole.push(rest.get().as_ref_range(tail..size as usize).into_slice());
-        }
+        let mut whole = IoVector::with_capacity(1);
+        whole.push(cluster.bytes());
         whole
     };
-    // The rest is data as much as the guest's part is (`data_writes`).
-    let _data = data_writes::register(&[rest.get().as_ref().into_slice()]);
+    // The whole cluster is data (`data_writes`).
+    let _data = data_writes::register(&[cluster.bytes()]);
     Some(write_cluster(image, whole, start, size).await)
 }
 
@@ -130,70 +130,6 @@ async fn write_cluster<'a>(
     written
 }
 
-/// Bytes of cluster buffers a worker keeps for its next copy-on-writes: 32 writes at 64 KiB
-/// clusters, one at 2 MiB.
-const SPARE_BYTES: usize = 2 << 20;
-
-thread_local! {
-    /// The worker's cluster buffers from finished copy-on-writes. A new aligned allocation
-    /// per copy-on-write, given back after it, cost malloc's consolidation of its free lists
-    /// on every write.
-    static SPARE: RefCell<Spare> = const {
-        RefCell::new(Spare {
-            buffers: Vec::new(),
-            bytes: 0,
-        })
-    };
-}
-
-/// Spare cluster buffers and their bytes.
-struct Spare {
-    buffers: Vec<IoBuffer>,
-    bytes: usize,
-}
-
-/// A cluster buffer, given back to the worker's spares when dropped.
-struct SpareBuffer(Option<IoBuffer>);
-
-impl SpareBuffer {
-    /// A buffer of `size` bytes aligned to `align`: a spare one if the worker has one.
-    fn take(size: usize, align: usize) -> Option<SpareBuffer> {
-        let spare = SPARE.with_borrow_mut(|spare| {
-            let i = spare.buffers.iter().position(|b| b.len() == size)?;
-            spare.bytes -= size;
-            Some(spare.buffers.swap_remove(i))
-        });
-        match spare {
-            Some(b) if (b.as_ref().into_slice().as_ptr() as usize).is_multiple_of(align) => {
-                Some(SpareBuffer(Some(b)))
-            }
-            _ => IoBuffer::new(size, align)
-                .ok()
-                .map(|b| SpareBuffer(Some(b))),
-        }
-    }
-
-    fn get(&self) -> &IoBuffer {
-        self.0.as_ref().expect("held until dropped")
-    }
-
-    fn buf(&mut self) -> &mut IoBuffer {
-        self.0.as_mut().expect("held until dropped")
-    }
-}
-
-impl Drop for SpareBuffer {
-    fn drop(&mut self) {
-        let Some(b) = self.0.take() else { return };
-        SPARE.with_borrow_mut(|spare| {
-            if spare.bytes + b.len() <= SPARE_BYTES {
-                spare.bytes += b.len();
-                spare.buffers.push(b);
-            }
-        });
-    }
-}
-
 /// Fills `buf` from `fd` at `offset`; past the end of the file, with zeros.
 async fn read_full(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<()> {
     let mut done = 0;
@@ -206,34 +142,4 @@ async fn read_full(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<()> {
         done += n;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn address(b: &SpareBuffer) -> usize {
-        b.get().as_ref().into_slice().as_ptr() as usize
-    }
-
-    /// A worker's next copy-on-write reuses the buffer of its last one, of the same size, and
-    /// keeps no more than `SPARE_BYTES` of them.
-    #[test]
-    fn a_cluster_buffer_is_reused_by_the_next_copy_on_write_of_its_size() {
-        let first = SpareBuffer::take(64 << 10, 4096).unwrap();
-        let at = address(&first);
-        drop(first);
-        let again = SpareBuffer::take(64 << 10, 4096).unwrap();
-        assert_eq!(address(&again), at, "the spare one");
-        let other = SpareBuffer::take(128 << 10, 4096).unwrap();
-        assert_ne!(address(&other), at);
-        drop((again, other));
-        let many: Vec<_> = (0..64)
-            .map(|_| SpareBuffer::take(64 << 10, 4096).unwrap())
-            .collect();
-        drop(many);
-        let kept = SPARE.with_borrow(|s| s.buffers.iter().map(|b| b.len()).sum::<usize>());
-        assert!(kept <= SPARE_BYTES, "{kept} bytes kept");
-        assert_eq!(kept, SPARE.with_borrow(|s| s.bytes));
-    }
 }

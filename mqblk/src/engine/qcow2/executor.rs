@@ -124,7 +124,7 @@ mod tests {
         // The worker, on a thread of its own (a broken wake-up would leave it waiting).
         std::thread::spawn(move || {
             let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap());
-            let reactor = Reactor::new(io_uring::IoUring::new(8).unwrap(), wake.clone());
+            let reactor = Reactor::new(io_uring::IoUring::new(8).unwrap(), wake.clone(), None);
             let mut tasks = Executor::new(wake);
             let (tx, rx) = futures::channel::oneshot::channel::<u32>();
             tasks.spawn(async move { rx.await.unwrap() + 1 });

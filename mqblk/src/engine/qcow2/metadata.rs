@@ -41,6 +41,7 @@ use imago::Mapping;
 
 use rustix::event::{eventfd, EventfdFlags};
 
+use super::cluster_buffers::{self, Region, REGION_BYTES};
 use super::cow;
 use super::data_writes;
 use super::executor::Executor;
@@ -240,8 +241,18 @@ impl Jobs {
 /// when every holder of the queue is gone.
 pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
+    // The copy-on-writes' buffers, registered with the ring (`cluster_buffers`).
+    let cluster = 1usize << image.cluster_bits;
+    let region = Region::new(
+        REGION_BYTES.max(cluster),
+        image.access.mem_align().max(4096),
+    );
     // Made here, so that a failure is the caller's error, not a worker that is missing.
-    let ring = uring_io::worker_ring(RING_ENTRIES, crate::sandbox::rings_confined())?;
+    let (ring, registered) = uring_io::worker_ring(
+        RING_ENTRIES,
+        crate::sandbox::rings_confined(),
+        region.as_ref().map(Region::iovec),
+    )?;
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
     let image = image.clone();
     let worker_wake = wake.clone();
@@ -253,8 +264,12 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
             // worker and this image's metadata path, never the daemon: `serve` gives the
             // image up as it unwinds, every job it held answers EIO as it is dropped, and
             // the jobs still queued do as `rx` goes.
+            let fixed = region.as_ref().filter(|_| registered).map(Region::iovec);
+            if let Some(region) = region {
+                cluster_buffers::install(region, cluster);
+            }
             let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                serve(&image, &rx, ring, worker_wake)
+                serve(&image, &rx, ring, worker_wake, fixed)
             }));
             if served.is_err() {
                 tracing::error!(worker, "qcow2 metadata worker ended by a panic");
@@ -310,8 +325,14 @@ struct Performed {
 /// on its own ring. A job whose metadata changes must reach the image file before it completes
 /// waits for the next group commit, which covers every such job finished before it began (one
 /// write-back of imago's tables for all of them).
-fn serve(image: &Arc<Image>, jobs: &Receiver<Job>, ring: io_uring::IoUring, wake: Arc<OwnedFd>) {
-    let reactor = uring_io::Reactor::new(ring, wake.clone());
+fn serve(
+    image: &Arc<Image>,
+    jobs: &Receiver<Job>,
+    ring: io_uring::IoUring,
+    wake: Arc<OwnedFd>,
+    fixed: Option<libc::iovec>,
+) {
+    let reactor = uring_io::Reactor::new(ring, wake.clone(), fixed);
     uring_io::install(reactor.clone());
     let mut tasks = Executor::<Outcome>::new(wake);
     let mut outcomes = Vec::new();

@@ -26,6 +26,7 @@
 //!   new one, with an empty cache, before its next request.
 
 mod channel;
+mod cluster_buffers;
 #[cfg(test)]
 mod counted_wakes;
 mod cow;

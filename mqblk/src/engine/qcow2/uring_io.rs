@@ -28,6 +28,8 @@ const WAKE: u64 = u64::MAX;
 pub const OPCODES: &[u8] = &[
     opcode::Readv::CODE,
     opcode::Writev::CODE,
+    opcode::ReadFixed::CODE,
+    opcode::WriteFixed::CODE,
     opcode::Fsync::CODE,
     opcode::Read::CODE,
     opcode::Timeout::CODE,
@@ -36,13 +38,29 @@ pub const OPCODES: &[u8] = &[
 /// A metadata worker's ring of `entries`; `confined` (a confined daemon): it takes only
 /// [`OPCODES`], as the I/O threads' rings take only theirs. seccomp sees `io_uring_enter`,
 /// never what a ring does, so an unrestricted ring would let the worker, which runs imago on
-/// guest requests, open files or sockets past the syscall filter.
-pub fn worker_ring(entries: u32, confined: bool) -> io::Result<IoUring> {
+/// guest requests, open files or sockets past the syscall filter. `fixed`, if given, is
+/// registered as the ring's buffer 0 (before any restriction), if the kernel lets it: returned
+/// with the ring as `true`. (Its memory must outlive the ring's operations on it.)
+pub fn worker_ring(
+    entries: u32,
+    confined: bool,
+    fixed: Option<libc::iovec>,
+) -> io::Result<(IoUring, bool)> {
     let mut builder = IoUring::builder();
     if confined {
         builder.setup_r_disabled();
     }
     let ring = builder.build(entries)?;
+    // A refusal (the locked-memory limit, for a daemon without CAP_IPC_LOCK) only costs the
+    // pinning the registration saves.
+    // SAFETY: the caller's contract: the memory stays valid while the ring may use it.
+    let registered = match fixed.map(|iov| unsafe { ring.submitter().register_buffers(&[iov]) }) {
+        Some(Err(e)) => {
+            tracing::debug!(err = %e, "qcow2 worker: copy-on-write buffers not registered");
+            false
+        }
+        done => done.is_some(),
+    };
     if confined {
         let allow = RingAllowlist {
             opcodes: &[OPCODES],
@@ -51,7 +69,7 @@ pub fn worker_ring(entries: u32, confined: bool) -> io::Result<IoUring> {
         };
         restrict_and_enable(&ring.submitter(), &allow)?;
     }
-    Ok(ring)
+    Ok((ring, registered))
 }
 
 /// `fdatasync` of `file`: on this thread's ring if it has one, blocking otherwise.
@@ -143,6 +161,8 @@ pub struct Reactor {
     wake_buf: Box<UnsafeCell<u64>>,
     /// The wake read needs arming again.
     wake_disarmed: Cell<bool>,
+    /// The addresses of the ring's registered buffer 0, if it has one.
+    fixed: Option<std::ops::Range<usize>>,
 }
 
 thread_local! {
@@ -160,8 +180,9 @@ pub fn current() -> Option<Rc<Reactor>> {
 }
 
 impl Reactor {
-    /// `ring`, whose waits also end when `wake` is written.
-    pub fn new(ring: IoUring, wake: Arc<OwnedFd>) -> Rc<Reactor> {
+    /// `ring`, whose waits also end when `wake` is written, and whose buffer 0 (if `fixed`)
+    /// is that memory.
+    pub fn new(ring: IoUring, wake: Arc<OwnedFd>, fixed: Option<libc::iovec>) -> Rc<Reactor> {
         Rc::new(Reactor {
             ring: RefCell::new(ring),
             slots: RefCell::new(Vec::new()),
@@ -169,7 +190,19 @@ impl Reactor {
             wake,
             wake_buf: Box::new(UnsafeCell::new(0)),
             wake_disarmed: Cell::new(true),
+            fixed: fixed.map(|v| v.iov_base as usize..v.iov_base as usize + v.iov_len),
         })
+    }
+
+    /// Whether `v` is one buffer inside the registered one.
+    fn in_fixed(&self, v: &[libc::iovec]) -> bool {
+        match (&self.fixed, v) {
+            (Some(fixed), [one]) => {
+                let start = one.iov_base as usize;
+                fixed.start <= start && start + one.iov_len <= fixed.end
+            }
+            _ => false,
+        }
     }
 
     /// Queues `io` on `fd` at `offset` (submitted at the next [`wait`](Self::wait)).
@@ -195,6 +228,22 @@ impl Reactor {
             slot.iovecs.clear();
             let fd = types::Fd(fd);
             match io {
+                // One buffer of the registered region: its pages are pinned already.
+                Io::Read(v) | Io::Write(v) | Io::WriteThrough(v) if self.in_fixed(v) => {
+                    let (ptr, len) = (v[0].iov_base.cast::<u8>(), v[0].iov_len as u32);
+                    match io {
+                        Io::Read(_) => opcode::ReadFixed::new(fd, ptr, len, 0)
+                            .offset(offset)
+                            .build(),
+                        Io::Write(_) => opcode::WriteFixed::new(fd, ptr, len, 0)
+                            .offset(offset)
+                            .build(),
+                        _ => opcode::WriteFixed::new(fd, ptr, len, 0)
+                            .offset(offset)
+                            .rw_flags(libc::RWF_DSYNC)
+                            .build(),
+                    }
+                }
                 Io::Read(v) | Io::Write(v) | Io::WriteThrough(v) => {
                     slot.iovecs.extend_from_slice(v);
                     // The array lives in the slot's own allocation until the slot is reused,
@@ -382,7 +431,7 @@ pub(super) mod tests {
 
     pub(in crate::engine::qcow2) fn reactor() -> Rc<Reactor> {
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap());
-        Reactor::new(IoUring::new(8).unwrap(), wake)
+        Reactor::new(IoUring::new(8).unwrap(), wake, None)
     }
 
     /// A file of `len` bytes, each its offset modulo 251.
@@ -482,7 +531,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_confined_worker_ring_refuses_opcodes_outside_its_allowlist() {
-        let mut ring = worker_ring(8, true).unwrap();
+        let (mut ring, _) = worker_ring(8, true, None).unwrap();
         let file = patterned(4096);
         let fd = types::Fd(file.as_raw_fd());
         let mut buf = [0u8; 512];
@@ -518,7 +567,7 @@ pub(super) mod tests {
         );
         assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
         // Unconfined (the daemon with --sandbox off, or a kernel without ring restrictions).
-        let mut open = worker_ring(8, false).unwrap();
+        let (mut open, _) = worker_ring(8, false, None).unwrap();
         // SAFETY: no memory named.
         unsafe { open.submission().push(&opcode::Nop::new().build()) }.unwrap();
         open.submit_and_wait(1).unwrap();
