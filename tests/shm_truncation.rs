@@ -16,6 +16,7 @@ use support::daemon::*;
 use support::frontend::*;
 use support::hostile::Bystander;
 use support::mem::{memfd, sealable_memfd, SharedMem};
+use support::skip::has_test_hooks;
 use vhost::vhost_user::message::{VhostUserInflight, VhostUserProtocolFeatures};
 use vhost::vhost_user::VhostUserFrontend;
 
@@ -39,10 +40,15 @@ fn start_daemon(dir: &TestDir) -> (Daemon, PathBuf, PathBuf) {
 
 /// Posts `n` 4 KiB writes (heads 0, 3, 6, ...) without waiting for them.
 fn post_writes(s: &mut Session, n: u16) {
+    post_writes_at(s, n, 8)
+}
+
+/// [`post_writes`], the `i`th at sector `stride * i`.
+fn post_writes_at(s: &mut Session, n: u16, stride: u64) {
     for i in 0..n {
         let head = 3 * i;
         let hdr = HDR_GPA + 16 * u64::from(i);
-        s.guest.write(hdr, &header(T_OUT, 8 * u64::from(i)));
+        s.guest.write(hdr, &header(T_OUT, stride * u64::from(i)));
         s.write_descs(
             0,
             head,
@@ -113,6 +119,53 @@ fn truncated_guest_memory_ends_only_its_own_connection() {
     truncate(s.guest.mem.file()).expect("truncating the guest memory");
     // From here on this process must not touch the guest memory either.
     kick(&s);
+    contained(&mut daemon, &s, "guest memory");
+    std::mem::forget(s); // its mapping faults now: leave it mapped, never read
+    others_unharmed(daemon, &victim, bystander);
+}
+
+/// The same on a qcow2 overlay, where the image's metadata worker copies a write's data into
+/// the new cluster it builds (copy-on-write from the base) in user space, on a thread of its
+/// own. A debug build's test delay (`MQBLK_TEST_ONLY_COW_COPY_DELAY_MS`) holds the copy while
+/// the memory is truncated, after the I/O thread read the requests: the worker's fault is the
+/// first, and it is contained as the I/O thread's are.
+#[test]
+fn truncated_guest_memory_under_a_copy_on_write_ends_only_its_own_connection() {
+    if !has_test_hooks() {
+        return;
+    }
+    let dir = TestDir::new();
+    dir.image("base.img", IMG_SIZE, Some(7));
+    let other = dir.image("other.img", IMG_SIZE, None);
+    let (victim, other_sock) = (dir.join("victim.sock"), dir.join("other.sock"));
+    let overlay = Export::file(&victim, dir.join("victim.qcow2"))
+        .set("queue-size", "64")
+        .set("format", "qcow2")
+        .set("backing", "base.img")
+        .set("backing-format", "raw")
+        // No poll of the rings (in guest memory) that could fault before the worker.
+        .set("poll", "off");
+    let mut daemon = Daemon::start_env(
+        &dir,
+        &[overlay, Export::file(&other_sock, &other)],
+        &[],
+        &[("MQBLK_TEST_ONLY_COW_COPY_DELAY_MS", "1500")],
+    );
+    let bystander = Bystander::start(other_sock, IMG_SIZE);
+    bystander.wait_serving();
+
+    let mut s = Session::open(&victim, 64, None);
+    // 4 KiB into each of 16 clusters the overlay does not hold yet (64 KiB apart).
+    post_writes_at(&mut s, 16, 128);
+    kick(&s);
+    // The I/O thread has read them and handed them to the worker, which waits to copy.
+    std::thread::sleep(Duration::from_millis(500));
+    truncate(s.guest.mem.file()).expect("truncating the guest memory");
+    // Nothing touches the memory until the worker's copies, a second later.
+    assert!(
+        !s.conn.closed_by_peer(Duration::from_millis(300)),
+        "a fault before the worker's copy: the test shows nothing about the worker"
+    );
     contained(&mut daemon, &s, "guest memory");
     std::mem::forget(s); // its mapping faults now: leave it mapped, never read
     others_unharmed(daemon, &victim, bystander);

@@ -11,6 +11,10 @@
 //!   (`metadata-commit=flush`, [`dirty_mark`](super::dirty_mark)): set to N, the flush waits
 //!   N ms there, on its worker's ring, so that a test can complete a write into a new cluster
 //!   inside the window (its mapping after the flush's write-back) and check that the mark stays.
+//! - **A delay** before a copy-on-write copies the guest's data into the new cluster: the
+//!   worker's one access to guest memory in user space that the I/O thread did not make just
+//!   before. Set to N, the copy waits N ms, so that `tests/shm_truncation.rs` can truncate the
+//!   frontend's memory in between and check that the worker's fault is contained too.
 //! - **A panic** of the worker at a guest write: the stand-in for a bug of imago's or ours that
 //!   a crafted image or request reaches. Set to a byte offset, a metadata-path write starting
 //!   there panics the worker, so that `tests/qcow2.rs` can check what contains it
@@ -28,6 +32,9 @@ pub const EARLY_DATA_DELAY_ENV: &str = "MQBLK_TEST_ONLY_EARLY_DATA_DELAY_MS";
 
 /// The dirty mark's delay's variable, in milliseconds.
 pub const CLEAR_DELAY_ENV: &str = "MQBLK_TEST_ONLY_DIRTY_CLEAR_DELAY_MS";
+
+/// The copy's delay's variable, in milliseconds.
+pub const COPY_DELAY_ENV: &str = "MQBLK_TEST_ONLY_COW_COPY_DELAY_MS";
 
 /// The panic's variable: a guest byte offset.
 pub const WORKER_PANIC_AT_ENV: &str = "MQBLK_TEST_ONLY_WORKER_PANIC_AT";
@@ -47,6 +54,22 @@ pub async fn before_clearing_the_dirty_mark() {
         tracing::warn!(
             "{CLEAR_DELAY_ENV}={ms}: each flush clears the dirty mark {ms} ms after its sync \
              (a test's delay)"
+        );
+        Some(Duration::from_millis(ms))
+    });
+    if let Some(d) = delay {
+        uring_io::sleep(d).await;
+    }
+}
+
+/// Waits the copy's delay, if one is set.
+pub async fn before_copying_guest_data() {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    let delay = *DELAY.get_or_init(|| {
+        let ms = debug_only(COPY_DELAY_ENV)?;
+        tracing::warn!(
+            "{COPY_DELAY_ENV}={ms}: each copy-on-write copies the guest's data {ms} ms after \
+             reading the cluster (a test's delay)"
         );
         Some(Duration::from_millis(ms))
     });
