@@ -41,36 +41,44 @@ pub const WORKER_PANIC_AT_ENV: &str = "MQBLK_TEST_ONLY_WORKER_PANIC_AT";
 
 /// Waits the delay, if one is set.
 pub async fn before_early_data() {
-    if let Some(d) = delay() {
-        uring_io::sleep(d).await;
-    }
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    wait(
+        &DELAY,
+        EARLY_DATA_DELAY_ENV,
+        "each new cluster's data is written {} ms after its mapping",
+    )
+    .await
 }
 
 /// Waits the dirty mark's delay, if one is set.
 pub async fn before_clearing_the_dirty_mark() {
     static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    let delay = *DELAY.get_or_init(|| {
-        let ms = debug_only(CLEAR_DELAY_ENV)?;
-        tracing::warn!(
-            "{CLEAR_DELAY_ENV}={ms}: each flush clears the dirty mark {ms} ms after its sync \
-             (a test's delay)"
-        );
-        Some(Duration::from_millis(ms))
-    });
-    if let Some(d) = delay {
-        uring_io::sleep(d).await;
-    }
+    wait(
+        &DELAY,
+        CLEAR_DELAY_ENV,
+        "each flush clears the dirty mark {} ms after its sync",
+    )
+    .await
 }
 
 /// Waits the copy's delay, if one is set.
 pub async fn before_copying_guest_data() {
     static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    let delay = *DELAY.get_or_init(|| {
-        let ms = debug_only(COPY_DELAY_ENV)?;
-        tracing::warn!(
-            "{COPY_DELAY_ENV}={ms}: each copy-on-write copies the guest's data {ms} ms after \
-             reading the cluster (a test's delay)"
-        );
+    wait(
+        &DELAY,
+        COPY_DELAY_ENV,
+        "each copy-on-write copies the guest's data {} ms after reading the cluster",
+    )
+    .await
+}
+
+/// Waits, on the worker's ring, the delay that `env` sets (read once into `delay`, and said
+/// once: `what`, with the milliseconds in place of `{}`).
+async fn wait(delay: &OnceLock<Option<Duration>>, env: &str, what: &str) {
+    let delay = *delay.get_or_init(|| {
+        let ms = debug_only(env)?;
+        let what = what.replace("{}", &ms.to_string());
+        tracing::warn!("{env}={ms}: {what} (a test's delay)");
         Some(Duration::from_millis(ms))
     });
     if let Some(d) = delay {
@@ -92,16 +100,4 @@ pub fn before_write(offset: u64) {
     if at == Some(offset) {
         panic!("{WORKER_PANIC_AT_ENV}: a test's panic at a write at {offset}");
     }
-}
-
-fn delay() -> Option<Duration> {
-    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    *DELAY.get_or_init(|| {
-        let ms = debug_only(EARLY_DATA_DELAY_ENV)?;
-        tracing::warn!(
-            "{EARLY_DATA_DELAY_ENV}={ms}: each new cluster's data is written {ms} ms after its \
-             mapping (a test's delay)"
-        );
-        Some(Duration::from_millis(ms))
-    })
 }
