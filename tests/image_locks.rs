@@ -15,7 +15,7 @@ use mqblk_client::Client;
 use serde_json::json;
 use support::api::{daemon_with_api, Api};
 use support::daemon::*;
-use support::qemu_img::{qemu_img, qemu_img_ok, qemu_io, qemu_io_ok};
+use support::qemu_img::{create_qcow2, qemu_img, qemu_img_ok, qemu_io, qemu_io_ok};
 use support::wait::wait_until;
 
 /// `qemu-img ARGS` must fail, saying it cannot take `lock` (QEMU's words: `"write" lock`,
@@ -180,14 +180,7 @@ fn mqblk_does_not_write_a_qcow2_image_qemu_writes_and_starts_once_it_is_free() {
 fn new_qcow2() -> (TestDir, std::path::PathBuf) {
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
-    qemu_img_ok(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        &img.display().to_string(),
-        "16M",
-    ]);
+    create_qcow2(&img, "16M");
     (dir, img)
 }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use mqblk_client::{Client, Concurrent, Pattern};
 use support::daemon::*;
 use support::mount::Mount;
-use support::qemu_img::{assert_checks_clean, qemu_img_ok, qemu_io_ok, read_through_qemu};
+use support::qemu_img::{
+    assert_checks_clean, create_qcow2, qemu_img_ok, qemu_io_ok, read_through_qemu,
+};
 use support::skip::has_test_hooks;
 
 const SIZE: u64 = 32 << 20;
@@ -1090,14 +1092,7 @@ fn a_readonly_overlay_is_read_and_never_written() {
 fn a_snapshot_outside_the_allowed_directories_is_refused_by_name() {
     let dir = TestDir::new();
     let img = dir.join("disk.qcow2");
-    qemu_img_ok(&[
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        &img.display().to_string(),
-        "16M",
-    ]);
+    create_qcow2(&img, "16M");
     let sock = dir.join("s.sock");
     let api_sock = dir.join("api.sock");
     let export = Export::file(&sock, &img)

@@ -29,6 +29,19 @@ pub fn qemu_img_ok(args: &[&str]) -> String {
     }
 }
 
+/// `qemu-img create -f qcow2`: a new qcow2 image of `size` (qemu-img's syntax, e.g. `16M`) at
+/// `path`, QEMU's defaults otherwise.
+pub fn create_qcow2(path: &Path, size: &str) {
+    qemu_img_ok(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        &path.display().to_string(),
+        size,
+    ]);
+}
+
 /// `qemu-img check`: no corruption and, unless `leaks_allowed`, no leaked cluster (exit 0:
 /// clean; 3: leaked clusters only; 2: corruption; 1: could not check).
 pub fn assert_checks_clean(image: &Path, leaks_allowed: bool) {
