@@ -10,8 +10,15 @@ use std::alloc::Layout;
 use std::cell::RefCell;
 use std::ptr::NonNull;
 
-/// Bytes of a worker's region: 32 copy-on-writes at a time at 64 KiB clusters, one at 2 MiB.
-pub const REGION_BYTES: usize = 2 << 20;
+/// The most bytes of a worker's region: a slot for each job it runs at once up to 64 KiB
+/// clusters, fewer slots for larger ones (one at 2 MiB).
+const REGION_BYTES: usize = 2 << 20;
+
+/// The region's size for a worker that runs `jobs` at once on an image of `cluster`-byte
+/// clusters: a slot each, within [`REGION_BYTES`], and at least one.
+pub fn region_bytes(jobs: usize, cluster: usize) -> usize {
+    (jobs * cluster).min(REGION_BYTES).max(cluster)
+}
 
 /// Memory aligned for direct I/O, freed when dropped.
 pub struct Region {
@@ -144,6 +151,14 @@ impl Drop for ClusterBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_region_holds_a_slot_per_job_up_to_its_bound_and_one_cluster_at_least() {
+        assert_eq!(region_bytes(32, 64 << 10), 2 << 20);
+        assert_eq!(region_bytes(32, 512), 16 << 10);
+        assert_eq!(region_bytes(32, 1 << 20), 2 << 20);
+        assert_eq!(region_bytes(32, 4 << 20), 4 << 20);
+    }
 
     /// Slots are handed out once until they come back; past the last one, and for another
     /// size, a buffer has memory of its own.

@@ -41,7 +41,7 @@ use imago::Mapping;
 
 use rustix::event::{eventfd, EventfdFlags};
 
-use super::cluster_buffers::{self, Region, REGION_BYTES};
+use super::cluster_buffers::{self, region_bytes, Region};
 use super::cow;
 use super::data_writes;
 use super::executor::Executor;
@@ -244,7 +244,7 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     // The copy-on-writes' buffers, registered with the ring (`cluster_buffers`).
     let cluster = 1usize << image.cluster_bits;
     let region = Region::new(
-        REGION_BYTES.max(cluster),
+        region_bytes(RUNNING, cluster),
         image.access.mem_align().max(4096),
     );
     // Made here, so that a failure is the caller's error, not a worker that is missing.
