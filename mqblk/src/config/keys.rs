@@ -460,7 +460,7 @@ const GENERAL: &[Key] = &[
         tuning.poll,
         PollMode { "off" => Off, "on" => On, "adaptive" => Adaptive },
         "off, on or adaptive",
-        "busy-poll the rings while busy, guest notifications suppressed (default adaptive: polls while polls find work, and every 0.5 s compares what it serves polling and sleeping, 5 ms each, and sleeps once two comparisons in a row find sleeping serves 95% as much, as it can where a wake-up is cheap; `on` always polls, for the lowest latency whatever the CPU; off suits CPUs shared by more busy threads than they have)",
+        "busy-poll the rings while busy, guest notifications suppressed (default adaptive: polls while polls find work, and every 0.5 s compares what it serves polling and sleeping, 5 ms each, and sleeps once two comparisons in a row find sleeping serves 95% as much, as it can where a wake-up is cheap, and polls again once two in a row find polling serves 125% as much; `on` always polls, for the lowest latency whatever the CPU; off suits CPUs shared by more busy threads than they have)",
     ),
     int_key!(
         "poll-max-us",

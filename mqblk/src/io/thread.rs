@@ -222,12 +222,15 @@ impl IoThread {
                 continue;
             }
             let slept = Instant::now();
+            // Only the reap after the sleep changes it.
+            let engine_busy = self.engine_in_flight > 0;
             if let Err(e) = self.ring.submit_and_wait(&mut self.counters) {
                 self.shared.publish(&self.counters, self.engine_in_flight);
                 return Err(e);
             }
             self.counters.sleeps += 1;
-            self.poll.on_sleep(slept.elapsed().as_nanos() as u64);
+            self.poll
+                .on_sleep(slept.elapsed().as_nanos() as u64, engine_busy);
         }
         self.shared.publish(&self.counters, self.engine_in_flight);
         Ok(())

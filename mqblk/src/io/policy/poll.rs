@@ -7,8 +7,9 @@
 //! - every [`EPOCH`] poll windows, the share of windows that found work decides: at least half
 //!   grows the window (doubles it, up to the maximum); under a quarter shrinks it (halves it,
 //!   to zero below the starting step); in between keeps it;
-//! - a sleep longer than [`IDLE_NS`] means the load stopped: the window halves at once, so an
-//!   idle thread soon burns no CPU at all;
+//! - a sleep longer than [`IDLE_NS`] with no request at the engine means the load stopped: the
+//!   window halves at once, so an idle thread soon burns no CPU at all (with requests there,
+//!   it means the engine is slow, not that the load stopped);
 //! - at window zero, after [`PROBE_EVERY`] sleeps that were not idle (a sleep woken within the
 //!   maximum window, which polling would have caught, counts 16 times), one epoch is polled at
 //!   the maximum window (a probe); if under a quarter of it hits, the window goes straight
@@ -29,14 +30,18 @@
 //! 12g). So while the thread polls, a *rate trial* every [`TRIAL_EVERY_NS`] measures what it
 //! serves polling and then sleeping, each for [`TRIAL_SPAN_NS`] after a warm-up of
 //! [`TRIAL_WARMUP_NS`] that is not counted. If sleeping served at least [`SLEEP_KEEPS`] of
-//! polling's rate, that is a vote to sleep: two in a row (the second trial comes
-//! [`CONFIRM_AFTER_NS`] after the first) put the thread to sleep (window zero, hit-rate probes
-//! off) until the next trial, which polls its first span at the maximum window; one vote
-//! against wakes it to poll at the window it had. A wrongly chosen sleep costs more than a
-//! wrongly chosen poll, hence two votes to sleep and one to poll. The hit-rate rules stand
-//! still during a trial, and a sleep of [`IDLE_NS`] or more ends a trial, the votes and the
-//! choice to sleep. A trial spends 10 ms in the mode it is not in per `TRIAL_EVERY_NS`: 2% of
-//! the time.
+//! polling's rate, that is a vote to sleep; if polling served at least [`POLL_GAINS`] times
+//! sleeping's rate, a vote to poll; in between, a vote for neither. Two votes in a row for the
+//! other mode change it (the second trial comes [`CONFIRM_AFTER_NS`] after the first): a
+//! sleeping thread (window zero, hit-rate probes off) polls again at the window it had, a
+//! polling one goes to sleep until the next trial, which polls its first span at the maximum
+//! window. A span of a few milliseconds is noisy (at tens of thousands of requests a second,
+//! consecutive trials of one load have differed by a third, and once by 2.2x), and a single
+//! noisy vote that flips the mode costs half a second in the wrong one (docs/PERFORMANCE.md
+//! 13j). The hit-rate rules stand
+//! still during a trial, and an idle sleep (as above) ends a trial, the votes and the choice
+//! to sleep. A trial spends 10 ms in the mode it is not in per `TRIAL_EVERY_NS`: 2% of the
+//! time.
 
 pub use crate::config::PollMode;
 
@@ -46,7 +51,9 @@ use super::tally::HitTally;
 pub const GROW_START_NS: u64 = 4_000;
 /// Poll windows per hit-rate decision.
 pub const EPOCH: u32 = 16;
-/// A sleep at least this long means the load stopped.
+/// A sleep at least this long, with no request at the engine, means the load stopped. (With
+/// requests there it means the engine is slow: a qcow2 image's allocating writes, waiting on
+/// its metadata worker, sleep milliseconds while the guest keeps 32 requests in flight.)
 pub const IDLE_NS: u64 = 1_000_000;
 /// Non-idle sleeps at window zero before a probe at the maximum window.
 pub const PROBE_EVERY: u32 = 256;
@@ -66,6 +73,10 @@ pub const FIRST_TRIAL_AFTER_NS: u64 = 20_000_000;
 /// Sleeping is chosen when it serves at least this share of polling's rate, as a fraction
 /// `(numerator, denominator)`: 19/20, 95%.
 pub const SLEEP_KEEPS: (u64, u64) = (19, 20);
+/// A trial votes to poll when polling served at least this multiple of sleeping's rate, as
+/// `(numerator, denominator)`: 5/4, 125%. Between this and [`SLEEP_KEEPS`] it votes for
+/// neither, and the thread goes on as it is.
+pub const POLL_GAINS: (u64, u64) = (5, 4);
 
 /// A finished rate trial: what each span served, and what the thread does until the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +142,17 @@ enum Trial {
     },
 }
 
+/// What a rate trial found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vote {
+    /// Sleeping served at least [`SLEEP_KEEPS`] of polling's rate.
+    Sleep,
+    /// Polling served at least [`POLL_GAINS`] times sleeping's rate.
+    Poll,
+    /// Between the two.
+    Neither,
+}
+
 /// The adaptive poll window.
 #[derive(Debug, Clone)]
 pub struct PollPolicy {
@@ -144,8 +166,8 @@ pub struct PollPolicy {
     /// The current epoch is a probe.
     probing: bool,
     trial: Trial,
-    /// The last trial voted to sleep.
-    last_vote_sleep: bool,
+    /// What the last trial voted for.
+    last_vote: Vote,
     /// The thread sleeps by the trials' choice: the window stays zero and hit-rate probes are
     /// off until the next trial.
     sleeping_chosen: bool,
@@ -168,7 +190,7 @@ impl PollPolicy {
             zero_sleeps: 0,
             probing: false,
             trial: Trial::Waiting { next_ns: None },
-            last_vote_sleep: false,
+            last_vote: Vote::Neither,
             sleeping_chosen: false,
         }
     }
@@ -248,21 +270,43 @@ impl PollPolicy {
                 let (slept_served, slept_ns) = span.advance(now_ns, served)?;
                 let (polled_served, polled_ns, window_ns) =
                     (*polled_served, *polled_ns, *window_ns);
-                // slept / slept_ns >= SLEEP_KEEPS * polled / polled_ns, without division.
+                // slept / slept_ns >= SLEEP_KEEPS * polled / polled_ns, and polled / polled_ns
+                // >= POLL_GAINS * slept / slept_ns, without division.
+                let (polled_rate, slept_rate) = (
+                    u128::from(polled_served) * u128::from(slept_ns),
+                    u128::from(slept_served) * u128::from(polled_ns),
+                );
                 let (num, den) = SLEEP_KEEPS;
-                let sleep = u128::from(slept_served) * u128::from(polled_ns) * u128::from(den)
-                    >= u128::from(polled_served) * u128::from(slept_ns) * u128::from(num);
-                // A polling thread goes to sleep on the second vote in a row for it, and a
-                // sleeping one polls again on the first against it: a wrong vote to sleep costs
-                // more than a wrong vote to poll, and a span of a few milliseconds is noisy.
-                let sleeping = sleep && (self.sleeping_chosen || self.last_vote_sleep);
-                self.last_vote_sleep = sleep;
+                let vote = if slept_rate * u128::from(den) >= polled_rate * u128::from(num) {
+                    Vote::Sleep
+                } else if polled_rate * u128::from(POLL_GAINS.1)
+                    >= slept_rate * u128::from(POLL_GAINS.0)
+                {
+                    Vote::Poll
+                } else {
+                    Vote::Neither
+                };
+                // The mode changes on the second vote in a row for the other one (module
+                // docs).
+                let was_sleeping = self.sleeping_chosen;
+                let sleeping = match vote {
+                    Vote::Sleep => was_sleeping || self.last_vote == Vote::Sleep,
+                    Vote::Poll => was_sleeping && self.last_vote != Vote::Poll,
+                    Vote::Neither => was_sleeping,
+                };
+                let sleep = vote == Vote::Sleep;
+                let confirm = match vote {
+                    Vote::Sleep => !sleeping,
+                    Vote::Poll => sleeping,
+                    Vote::Neither => false,
+                };
+                self.last_vote = vote;
                 self.sleeping_chosen = sleeping;
                 self.window_ns = if sleeping { 0 } else { window_ns };
                 self.zero_sleeps = 0;
                 self.windows.restart();
                 self.probing = false;
-                let wait = if sleep && !sleeping {
+                let wait = if confirm {
                     CONFIRM_AFTER_NS
                 } else {
                     TRIAL_EVERY_NS
@@ -289,7 +333,7 @@ impl PollPolicy {
             self.trial = Trial::Waiting { next_ns: None };
         }
         self.sleeping_chosen = false;
-        self.last_vote_sleep = false;
+        self.last_vote = Vote::Neither;
     }
 
     fn end_of_window(&mut self, hit: bool) {
@@ -322,12 +366,13 @@ impl PollPolicy {
         self.end_of_window(false);
     }
 
-    /// The thread slept `slept_ns` before the next event.
-    pub fn on_sleep(&mut self, slept_ns: u64) {
+    /// The thread slept `slept_ns` before the next event, with requests at the engine
+    /// throughout if `engine_busy`.
+    pub fn on_sleep(&mut self, slept_ns: u64, engine_busy: bool) {
         if !self.adaptive() {
             return;
         }
-        if slept_ns >= IDLE_NS {
+        if slept_ns >= IDLE_NS && !engine_busy {
             // The load stopped: polling only burns CPU.
             self.end_trials();
             self.shrink();
@@ -362,10 +407,10 @@ mod tests {
     #[test]
     fn off_never_polls_on_always_does() {
         let mut p = PollPolicy::new(PollMode::Off, 50);
-        p.on_sleep(1_000);
+        p.on_sleep(1_000, false);
         assert_eq!(p.window_ns(), 0);
         let mut p = PollPolicy::new(PollMode::On, 50);
-        p.on_sleep(10_000_000);
+        p.on_sleep(10_000_000, false);
         assert_eq!(p.window_ns(), 50_000);
     }
 
@@ -383,7 +428,7 @@ mod tests {
     fn start(p: &mut PollPolicy) {
         for _ in 0..16 {
             assert_eq!(p.window_ns(), 0);
-            p.on_sleep(1_000);
+            p.on_sleep(1_000, false);
         }
         assert!(p.window_ns() > 0, "16 short sleeps brought no probe");
     }
@@ -430,11 +475,11 @@ mod tests {
             epoch(&mut p, EPOCH);
         }
         for _ in 0..10 {
-            p.on_sleep(IDLE_NS);
+            p.on_sleep(IDLE_NS, false);
         }
         assert_eq!(p.window_ns(), 0);
         for _ in 0..(10 * PROBE_EVERY) {
-            p.on_sleep(50 * IDLE_NS);
+            p.on_sleep(50 * IDLE_NS, false);
             assert_eq!(p.window_ns(), 0, "an idle thread must not poll");
         }
     }
@@ -444,10 +489,10 @@ mod tests {
         // Sleeps of 200 µs: longer than the 32 µs maximum (no plain grow), shorter than idle.
         let mut p = PollPolicy::new(PollMode::Adaptive, 32);
         for _ in 0..PROBE_EVERY - 1 {
-            p.on_sleep(200_000);
+            p.on_sleep(200_000, false);
             assert_eq!(p.window_ns(), 0);
         }
-        p.on_sleep(200_000);
+        p.on_sleep(200_000, false);
         assert_eq!(p.window_ns(), 32_000, "no probe");
         // The probe pays: most windows find work. The window stays at the maximum.
         epoch(&mut p, EPOCH - 2);
@@ -460,7 +505,7 @@ mod tests {
         assert_eq!(p.window_ns(), 0);
         let mut polled = 0;
         for _ in 0..(4 * PROBE_EVERY) {
-            p.on_sleep(200_000);
+            p.on_sleep(200_000, false);
             if p.window_ns() > 0 {
                 polled += 1;
                 epoch(&mut p, 0);
@@ -552,22 +597,80 @@ mod tests {
         assert_eq!(p.window_ns(), 0);
         // Short sleeps bring no hit-rate probe while sleeping is the choice.
         for _ in 0..(4 * PROBE_EVERY) {
-            p.on_sleep(1_000);
+            p.on_sleep(1_000, false);
             assert_eq!(p.window_ns(), 0, "a probe undid the trials' choice");
         }
         let next = end + TRIAL_EVERY_NS;
         assert_eq!(p.observe(next - 1, 4_000_000), None);
         assert_eq!(p.window_ns(), 0);
         // The next trial polls its first span at the maximum window (`trial` checks that the
-        // window holds through it); one vote against sleeping is enough to poll again.
+        // window holds through it). A vote to poll (polling served 5x) is confirmed by a
+        // second trial soon after before the thread polls again.
         assert_eq!(p.observe(next, 4_000_000), None);
         assert_eq!(p.window_ns(), 32_000);
-        let (outcome, _) = trial(&mut p, next, 4_000_000, 0, 5_000, 1_000);
+        let (outcome, end) = trial(&mut p, next, 4_000_000, 0, 5_000, 1_000);
         assert_eq!(
             outcome.map(|o| (o.sleep_vote, o.sleeps)),
-            Some((false, false))
+            Some((false, true))
         );
+        assert_eq!(p.window_ns(), 0);
+        let (votes, _) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 5_000_000, 5_000, 1_000);
+        assert_eq!(votes, Some((false, false)));
         assert_eq!(p.window_ns(), 32_000);
+    }
+
+    /// A policy that sleeps by the trials' choice, and when its next trial starts.
+    fn sleeping_by_choice() -> (PollPolicy, u64) {
+        let t = 100 * MS;
+        let mut p = polling_into_a_trial(t);
+        let (_, end) = trial(&mut p, t, 0, 0, 5_000, 5_000);
+        let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 10_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, true)));
+        (p, end + TRIAL_EVERY_NS)
+    }
+
+    #[test]
+    fn a_sleeping_thread_polls_again_only_on_two_clear_votes_in_a_row() {
+        // Polling serving 120% (under POLL_GAINS' 125%) is a vote for neither: the thread
+        // sleeps on, and the next trial comes at the usual interval.
+        let (mut p, next) = sleeping_by_choice();
+        let (votes, end) = next_trial(&mut p, next, 20_000, 6_000, 5_000);
+        assert_eq!(votes, Some((false, true)));
+        // A clear vote to poll, then one for neither: still asleep (the streak is broken).
+        let (votes, end) = next_trial(&mut p, end + TRIAL_EVERY_NS, 30_000, 6_500, 5_000);
+        assert_eq!(votes, Some((false, true)));
+        let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 40_000, 6_000, 5_000);
+        assert_eq!(votes, Some((false, true)));
+        assert_eq!(p.window_ns(), 0);
+        // Two clear votes in a row: it polls.
+        let (votes, end) = next_trial(&mut p, end + TRIAL_EVERY_NS, 50_000, 6_500, 5_000);
+        assert_eq!(votes, Some((false, true)));
+        let (votes, _) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 60_000, 6_500, 5_000);
+        assert_eq!(votes, Some((false, false)));
+        assert_eq!(p.window_ns(), 32_000);
+    }
+
+    #[test]
+    fn a_long_sleep_with_requests_at_the_engine_is_not_an_idle_one() {
+        // Waiting milliseconds on a slow engine keeps the choice to sleep and its trials.
+        let (mut p, next) = sleeping_by_choice();
+        p.on_sleep(50 * IDLE_NS, true);
+        let (votes, _) = next_trial(&mut p, next, 20_000, 5_000, 5_000);
+        assert_eq!(votes, Some((true, true)));
+        // And a polling thread's window does not shrink for it.
+        let mut p = PollPolicy::new(PollMode::Adaptive, 32);
+        start(&mut p);
+        p.on_sleep(50 * IDLE_NS, true);
+        assert_eq!(p.window_ns(), 32_000);
+        // With nothing at the engine, the load stopped: both are undone.
+        let (mut p, next) = sleeping_by_choice();
+        p.on_sleep(IDLE_NS, false);
+        assert_eq!(p.observe(next, 20_000), None);
+        assert_eq!(p.window_ns(), 0, "an idle thread's trial polled");
+        let mut p = PollPolicy::new(PollMode::Adaptive, 32);
+        start(&mut p);
+        p.on_sleep(IDLE_NS, false);
+        assert_eq!(p.window_ns(), 16_000);
     }
 
     #[test]
@@ -623,7 +726,7 @@ mod tests {
         let mut p = polling_into_a_trial(t);
         p.observe(t + W, 0);
         p.observe(t + W + S, 5_000);
-        p.on_sleep(IDLE_NS);
+        p.on_sleep(IDLE_NS, false);
         // The trial is over: later observations decide nothing until polling resumes.
         assert_eq!(p.observe(t + 4 * (W + S), 10_000), None);
         assert_eq!(p.window_ns(), 0);
@@ -632,7 +735,7 @@ mod tests {
         let (_, end) = trial(&mut p, t, 0, 0, 5_000, 5_000);
         let (votes, end) = next_trial(&mut p, end + CONFIRM_AFTER_NS, 10_000, 5_000, 5_000);
         assert_eq!(votes, Some((true, true)));
-        p.on_sleep(IDLE_NS);
+        p.on_sleep(IDLE_NS, false);
         // The load came back: the hit-rate rules run again (short sleeps bring a probe), and
         // no trial starts before polling has gone on for a while.
         start(&mut p);
