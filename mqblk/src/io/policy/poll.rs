@@ -38,10 +38,9 @@
 //! window. A span of a few milliseconds is noisy (at tens of thousands of requests a second,
 //! consecutive trials of one load have differed by a third, and once by 2.2x), and a single
 //! noisy vote that flips the mode costs half a second in the wrong one (docs/PERFORMANCE.md
-//! 13j). The hit-rate rules stand
-//! still during a trial, and an idle sleep (as above) ends a trial, the votes and the choice
-//! to sleep. A trial spends 10 ms in the mode it is not in per `TRIAL_EVERY_NS`: 2% of the
-//! time.
+//! 13j). The hit-rate rules stand still during a trial, and an idle sleep (as above) ends a
+//! trial, the votes and the choice to sleep. A trial spends 10 ms in the mode it is not in per
+//! `TRIAL_EVERY_NS`: 2% of the time.
 
 pub use crate::config::PollMode;
 
