@@ -6,9 +6,10 @@
 //! The region belongs to its worker thread ([`install`]); a thread without one (a unit test)
 //! and a copy-on-write that finds every slot taken get a buffer of their own.
 
-use std::alloc::Layout;
 use std::cell::RefCell;
 use std::ptr::NonNull;
+
+use imago::io_buffers::IoBuffer;
 
 /// The most bytes of a worker's region: a slot for each job it runs at once up to 64 KiB
 /// clusters, fewer slots for larger ones (one at 2 MiB).
@@ -20,48 +21,41 @@ pub fn region_bytes(jobs: usize, cluster: usize) -> usize {
     (jobs * cluster).min(REGION_BYTES).max(cluster)
 }
 
-/// Memory aligned for direct I/O, freed when dropped.
-pub struct Region {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
+/// Zeroed memory aligned for direct I/O (imago's buffer, which starts uninitialised).
+pub struct Region(IoBuffer);
 
 impl Region {
     /// `len` bytes aligned to `align` (a power of two), zeroed.
     pub fn new(len: usize, align: usize) -> Option<Region> {
-        let layout = Layout::from_size_align(len.max(1), align).ok()?;
-        // SAFETY: the layout's size is not zero.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })?;
-        Some(Region { ptr, layout })
+        let mut buf = IoBuffer::new(len.max(1), align).ok()?;
+        buf.as_mut().into_slice().fill(0);
+        Some(Region(buf))
     }
 
     /// The region as an iovec (to register it with a ring).
-    pub fn iovec(&self) -> libc::iovec {
+    pub fn iovec(&mut self) -> libc::iovec {
+        let bytes = self.0.as_mut().into_slice();
         libc::iovec {
-            iov_base: self.ptr.as_ptr().cast(),
-            iov_len: self.layout.size(),
+            iov_base: bytes.as_mut_ptr().cast(),
+            iov_len: bytes.len(),
         }
     }
 
+    /// Where it starts, for writes through slots (the memory does not move with the region).
+    fn start(&mut self) -> NonNull<u8> {
+        NonNull::new(self.0.as_mut().into_slice().as_mut_ptr()).expect("a buffer of 1 byte or more")
+    }
+
     fn len(&self) -> usize {
-        self.layout.size()
+        self.0.len()
     }
 }
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-// SAFETY: the region is plain memory, owned by whoever holds it; it moves to its worker thread
-// once, before any buffer is taken from it.
-unsafe impl Send for Region {}
 
 /// A worker's region cut into cluster-sized slots, and which are free.
 struct Slots {
-    region: Region,
+    /// Owns the memory `start` points into.
+    _region: Region,
+    start: NonNull<u8>,
     size: usize,
     free: Vec<usize>,
 }
@@ -71,10 +65,11 @@ thread_local! {
 }
 
 /// Makes `region` this thread's, cut into slots of `cluster` bytes.
-pub fn install(region: Region, cluster: usize) {
+pub fn install(mut region: Region, cluster: usize) {
     let count = region.len() / cluster.max(1);
     SLOTS.set(Some(Slots {
-        region,
+        start: region.start(),
+        _region: region,
         size: cluster,
         free: (0..count).rev().collect(),
     }));
@@ -97,14 +92,14 @@ impl ClusterBuffer {
         let slot = SLOTS.with_borrow_mut(|slots| {
             let slots = slots.as_mut()?;
             let fits = slots.size == size
-                && (slots.region.ptr.as_ptr() as usize).is_multiple_of(align)
+                && (slots.start.as_ptr() as usize).is_multiple_of(align)
                 && size.is_multiple_of(align);
             if !fits {
                 return None;
             }
             let i = slots.free.pop()?;
             // SAFETY: slot `i` lies inside the region (`install` counted the whole slots).
-            let ptr = unsafe { slots.region.ptr.add(i * size) };
+            let ptr = unsafe { slots.start.add(i * size) };
             Some(ClusterBuffer {
                 ptr,
                 len: size,
@@ -115,9 +110,9 @@ impl ClusterBuffer {
         if slot.is_some() {
             return slot;
         }
-        let own = Region::new(size, align)?;
+        let mut own = Region::new(size, align)?;
         Some(ClusterBuffer {
-            ptr: own.ptr,
+            ptr: own.start(),
             len: size,
             slot: None,
             _own: Some(own),
@@ -164,11 +159,9 @@ mod tests {
     /// size, a buffer has memory of its own.
     #[test]
     fn a_slot_is_lent_once_until_it_comes_back() {
-        let region = Region::new(4 * 4096, 4096).unwrap();
-        let (start, end) = (
-            region.iovec().iov_base as usize,
-            region.iovec().iov_base as usize + 4 * 4096,
-        );
+        let mut region = Region::new(4 * 4096, 4096).unwrap();
+        let start = region.iovec().iov_base as usize;
+        let end = start + 4 * 4096;
         install(region, 4096);
         let inside = |b: &ClusterBuffer| (start..end).contains(&(b.bytes().as_ptr() as usize));
         let mut taken: Vec<_> = (0..5)

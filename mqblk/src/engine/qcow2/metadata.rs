@@ -243,7 +243,7 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     let (tx, rx) = std::sync::mpsc::channel::<Job>();
     // The copy-on-writes' buffers, registered with the ring (`cluster_buffers`).
     let cluster = 1usize << image.cluster_bits;
-    let region = Region::new(
+    let mut region = Region::new(
         region_bytes(RUNNING, cluster),
         image.access.mem_align().max(4096),
     );
@@ -251,7 +251,7 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
     let (ring, registered) = uring_io::worker_ring(
         RING_ENTRIES,
         crate::sandbox::rings_confined(),
-        region.as_ref().map(Region::iovec),
+        region.as_mut().map(Region::iovec),
     )?;
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
     let image = image.clone();
@@ -264,7 +264,7 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
             // worker and this image's metadata path, never the daemon: `serve` gives the
             // image up as it unwinds, every job it held answers EIO as it is dropped, and
             // the jobs still queued do as `rx` goes.
-            let fixed = region.as_ref().filter(|_| registered).map(Region::iovec);
+            let fixed = region.as_mut().filter(|_| registered).map(Region::iovec);
             if let Some(region) = region {
                 cluster_buffers::install(region, cluster);
             }
