@@ -529,6 +529,52 @@ pub(super) mod tests {
         assert!(woken);
     }
 
+    /// One buffer inside the registered region goes as a fixed-buffer read (which the kernel
+    /// refuses where nothing is registered: so the reactor did use it), anything else as a
+    /// readv; and a registration the kernel refuses leaves a ring that works, without it.
+    #[test]
+    fn a_buffer_in_the_registered_region_is_read_as_a_fixed_one() {
+        use super::super::cluster_buffers::Region;
+        let file = patterned(8192);
+        let fd = file.as_raw_fd();
+        let mut region = Region::new(4096, 4096).unwrap();
+        let iov = region.iovec();
+        // SAFETY: `region` outlives both reactors and every read below.
+        let buf = unsafe { std::slice::from_raw_parts_mut(iov.iov_base.cast::<u8>(), 4096) };
+        let wake = || Arc::new(eventfd(0, EventfdFlags::CLOEXEC).unwrap());
+
+        let (ring, registered) = worker_ring(8, false, Some(iov)).unwrap();
+        assert!(registered);
+        let r = Reactor::new(ring, wake(), Some(iov));
+        install(r.clone());
+        assert_eq!(drive(&r, read_at(fd, buf, 4096)).unwrap(), 4096);
+        assert!(buf
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == ((i + 4096) % 251) as u8));
+        let mut outside = vec![0u8; 512];
+        assert_eq!(drive(&r, read_at(fd, &mut outside, 0)).unwrap(), 512);
+
+        // Told of a region its ring never registered, the reactor's fixed read fails.
+        let (ring, _) = worker_ring(8, false, None).unwrap();
+        let r = Reactor::new(ring, wake(), Some(iov));
+        install(r.clone());
+        let err = drive(&r, read_at(fd, buf, 0)).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{err}");
+
+        // Memory the kernel cannot pin (nothing is mapped at page 1): refused, and the ring
+        // works on.
+        let unmapped = libc::iovec {
+            iov_base: 4096 as *mut libc::c_void,
+            iov_len: 4096,
+        };
+        let (ring, registered) = worker_ring(8, false, Some(unmapped)).unwrap();
+        assert!(!registered);
+        let r = Reactor::new(ring, wake(), None);
+        install(r.clone());
+        assert_eq!(drive(&r, read_at(fd, &mut outside, 0)).unwrap(), 512);
+    }
+
     #[test]
     fn a_confined_worker_ring_refuses_opcodes_outside_its_allowlist() {
         let (mut ring, _) = worker_ring(8, true, None).unwrap();
