@@ -70,7 +70,7 @@ pub async fn write_into_new_cluster(
     // The guest's part copied in: the cluster goes out as one buffer of the worker's
     // registered region (`cluster_buffers`). A frontend that truncated the memory meanwhile
     // makes this copy fault; the daemon's SIGBUS guard contains it on any thread.
-    test_hooks::before_copying_guest_data().await;
+    test_hooks::BEFORE_COPYING_GUEST_DATA.wait().await;
     let mut at = (offset - start) as usize;
     for d in data {
         let n = d.len().min(size as usize - at);
@@ -116,7 +116,7 @@ async fn write_cluster<'a>(
         return image.access.commit_data_mapping(mapping).await;
     };
     image.access.commit_data_mapping(mapping).await?;
-    test_hooks::before_early_data().await;
+    test_hooks::BEFORE_EARLY_DATA.wait().await;
     let mut written = storage.writev(whole(), at).await;
     if written.is_err() {
         // Once more before giving the image up.

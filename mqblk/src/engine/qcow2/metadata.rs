@@ -776,7 +776,7 @@ async fn flush(image: &Image) -> io::Result<()> {
     // up in imago only when it is.
     if let (Some(dirty), Some(before)) = (&image.dirty, answered) {
         if dirty.marked() {
-            test_hooks::before_clearing_the_dirty_mark().await;
+            test_hooks::BEFORE_CLEARING_THE_DIRTY_MARK.wait().await;
             dirty.clear(image.top_storage(), before).await?;
         }
     }

@@ -1,5 +1,5 @@
 //! What a test can make the metadata worker do that no image or guest makes it do on purpose
-//! (debug builds only: a release build ignores both variables).
+//! (debug builds only: a release build ignores these variables).
 //!
 //! - **A delay** between a new cluster's mapping and its data write.
 //!   [`early_maps`](super::early_maps) keeps such a mapping out of the image file until the
@@ -39,50 +39,57 @@ pub const COPY_DELAY_ENV: &str = "MQBLK_TEST_ONLY_COW_COPY_DELAY_MS";
 /// The panic's variable: a guest byte offset.
 pub const WORKER_PANIC_AT_ENV: &str = "MQBLK_TEST_ONLY_WORKER_PANIC_AT";
 
-/// Waits the delay, if one is set.
-pub async fn before_early_data() {
-    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    wait(
-        &DELAY,
-        EARLY_DATA_DELAY_ENV,
-        "each new cluster's data is written {} ms after its mapping",
-    )
-    .await
+/// Before a new cluster's data is written after its early mapping.
+pub static BEFORE_EARLY_DATA: Delay = Delay::new(
+    EARLY_DATA_DELAY_ENV,
+    "each new cluster's data is written",
+    "after its mapping",
+);
+
+/// Before a flush clears the dirty mark, after its sync.
+pub static BEFORE_CLEARING_THE_DIRTY_MARK: Delay = Delay::new(
+    CLEAR_DELAY_ENV,
+    "each flush clears the dirty mark",
+    "after its sync",
+);
+
+/// Before a copy-on-write copies the guest's data into the cluster it read.
+pub static BEFORE_COPYING_GUEST_DATA: Delay = Delay::new(
+    COPY_DELAY_ENV,
+    "each copy-on-write copies the guest's data",
+    "after reading the cluster",
+);
+
+/// A delay a test sets in milliseconds through `env`: read once, said once (`what`, the
+/// milliseconds, then `when`), and waited on the worker's ring.
+pub struct Delay {
+    env: &'static str,
+    what: &'static str,
+    when: &'static str,
+    ms: OnceLock<Option<Duration>>,
 }
 
-/// Waits the dirty mark's delay, if one is set.
-pub async fn before_clearing_the_dirty_mark() {
-    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    wait(
-        &DELAY,
-        CLEAR_DELAY_ENV,
-        "each flush clears the dirty mark {} ms after its sync",
-    )
-    .await
-}
+impl Delay {
+    const fn new(env: &'static str, what: &'static str, when: &'static str) -> Self {
+        Delay {
+            env,
+            what,
+            when,
+            ms: OnceLock::new(),
+        }
+    }
 
-/// Waits the copy's delay, if one is set.
-pub async fn before_copying_guest_data() {
-    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
-    wait(
-        &DELAY,
-        COPY_DELAY_ENV,
-        "each copy-on-write copies the guest's data {} ms after reading the cluster",
-    )
-    .await
-}
-
-/// Waits, on the worker's ring, the delay that `env` sets (read once into `delay`, and said
-/// once: `what`, with the milliseconds in place of `{}`).
-async fn wait(delay: &OnceLock<Option<Duration>>, env: &str, what: &str) {
-    let delay = *delay.get_or_init(|| {
-        let ms = debug_only(env)?;
-        let what = what.replace("{}", &ms.to_string());
-        tracing::warn!("{env}={ms}: {what} (a test's delay)");
-        Some(Duration::from_millis(ms))
-    });
-    if let Some(d) = delay {
-        uring_io::sleep(d).await;
+    /// Waits the delay, if one is set.
+    pub async fn wait(&self) {
+        let delay = *self.ms.get_or_init(|| {
+            let ms = debug_only(self.env)?;
+            let (env, what, when) = (self.env, self.what, self.when);
+            tracing::warn!("{env}={ms}: {what} {ms} ms {when} (a test's delay)");
+            Some(Duration::from_millis(ms))
+        });
+        if let Some(d) = delay {
+            uring_io::sleep(d).await;
+        }
     }
 }
 
