@@ -238,3 +238,78 @@ fn sandbox_off_leaves_the_daemon_unconfined() {
     verify(&sock, 1, 0x12);
     daemon.terminate();
 }
+
+/// Where the locked-memory limit is finite and the daemon cannot lift it (no
+/// CAP_SYS_RESOURCE, as in a container), the control threads keep CAP_IPC_LOCK permitted so
+/// that each ring is made exempt from the limit. A qcow2 export's metadata worker registers a
+/// region of 2 MiB (32 clusters of 64 KiB) with its ring: made on a control thread (every
+/// export starts after confinement), it would count against the 1 MiB limit set here and be
+/// refused. Made on the worker's own thread through the same exemption as an I/O thread's
+/// ring, it is registered, and the worker then holds no capability.
+#[test]
+fn a_qcow2_export_added_under_a_memlock_limit_it_cannot_lift_registers_its_worker_region() {
+    use rustix::process::{setrlimit, Resource, Rlimit};
+    use rustix::thread::{
+        capabilities, remove_capability_from_bounding_set, set_capabilities, CapabilitySet,
+    };
+    use std::os::unix::process::CommandExt;
+    const LIMIT: u64 = 1 << 20;
+    let dir = TestDir::new();
+    let api_sock = dir.join("api.sock");
+    let mut cmd = std::process::Command::new(mqblk_bin());
+    cmd.arg("serve")
+        .arg("--api-socket")
+        .arg(&api_sock)
+        .arg("--allow-dir")
+        .arg(dir.path())
+        .args(["--log-level", "info,mqblk::engine::qcow2=debug"]);
+    // SAFETY: the closure runs in the child between fork and exec and makes only raw system
+    // calls (rustix calls the kernel directly): async-signal-safe, touching no memory of the
+    // parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = Rlimit {
+                current: Some(LIMIT),
+                maximum: Some(LIMIT),
+            };
+            setrlimit(Resource::Memlock, limit)?;
+            let lifting = CapabilitySet::SYS_RESOURCE;
+            remove_capability_from_bounding_set(lifting)?;
+            let mut sets = capabilities(None)?;
+            sets.effective.remove(lifting);
+            sets.permitted.remove(lifting);
+            sets.inheritable.remove(lifting);
+            set_capabilities(None, sets)?;
+            Ok(())
+        });
+    }
+    let daemon = Daemon::spawn(&dir, cmd, &[&api_sock]);
+    let mut api = support::api::Api::connect(&api_sock);
+    assert!(
+        daemon.log().contains("control threads keep CAP_IPC_LOCK"),
+        "the daemon must run as root with CAP_IPC_LOCK, and be unable to lift the limit:\n{}",
+        daemon.log()
+    );
+    let sock = dir.join("qcow2.sock");
+    api.ok(
+        "export_add",
+        json!({"socket": sock, "path": dir.join("disk.qcow2"), "format": "qcow2", "size": "16M"}),
+    );
+    // Writes into new clusters: copy-on-writes built in the worker's region.
+    verify(&sock, 1, 0x3c);
+    assert!(
+        !daemon
+            .log()
+            .contains("copy-on-write buffers not registered"),
+        "the worker's region counted against the limit:\n{}",
+        daemon.log()
+    );
+    let threads = assert_confined(daemon.pid(), 1);
+    let worker = threads.iter().find(|t| t.name.starts_with("qcow2"));
+    let worker = worker.unwrap_or_else(|| panic!("no metadata worker thread: {threads:#?}"));
+    assert_eq!(
+        worker.cap_prm, 0,
+        "the worker kept a capability: {worker:?}"
+    );
+    daemon.terminate();
+}

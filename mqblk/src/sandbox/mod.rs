@@ -4,7 +4,7 @@
 //! shares. Should a bug there let a guest or a frontend run code in the daemon, that code finds:
 //! - `privileges`: no capability (effective, permitted, inheritable, ambient, bounding; where
 //!   RLIMIT_MEMLOCK cannot be lifted, CAP_IPC_LOCK stays permitted, never effective, for the
-//!   I/O threads' rings), no new privileges (`PR_SET_NO_NEW_PRIVS`), optionally another user
+//!   rings of I/O threads and qcow2 metadata workers), no new privileges (`PR_SET_NO_NEW_PRIVS`), optionally another user
 //!   and group (`--user`, `--group`);
 //! - `filesystem`: Landlock: only the files and directories the configuration names (images,
 //!   socket directories, the API socket's, the stats file's, Ceph's conf and keyring) and those
@@ -271,8 +271,8 @@ pub fn rings_confined() -> bool {
     CONFINED.get().is_some_and(|c| c.rings)
 }
 
-/// Runs `create`, an I/O thread creating its ring; in a confined daemon, with what exempts the
-/// ring from RLIMIT_MEMLOCK where the limit could not be lifted, after which the thread holds
+/// Runs `create`, an I/O thread (or a qcow2 metadata worker) creating its ring; in a confined
+/// daemon, with what exempts the ring (and the buffers it registers) from RLIMIT_MEMLOCK where the limit could not be lifted, after which the thread holds
 /// no capability at all.
 pub fn ring_setup<T>(create: impl FnOnce() -> T) -> T {
     match CONFINED.get() {

@@ -92,7 +92,7 @@ fn lookup<T: Copy>(name: &str, call: GetByName<T>) -> Option<T> {
     (r == 0 && !found.is_null()).then_some(entry)
 }
 
-/// What the daemon keeps, if anything, for its I/O threads' rings.
+/// What the daemon keeps, if anything, for its rings (I/O threads' and qcow2 metadata workers').
 ///
 /// io_uring charges a ring's memory, and the guest memory an I/O thread registers as fixed
 /// buffers, against RLIMIT_MEMLOCK (summed over all the user's processes) unless the ring's
@@ -101,8 +101,9 @@ fn lookup<T: Copy>(name: &str, call: GetByName<T>) -> Option<T> {
 /// nothing. Where the limit stays finite (a container without CAP_SYS_RESOURCE, say), a
 /// confined daemon would run out of it with a few rings and fall back to readv/writev for any
 /// guest larger than it (8 MiB by default): so it keeps CAP_IPC_LOCK, permitted but never
-/// effective, in its control threads, and each I/O thread raises it for the one
-/// `io_uring_setup` and then drops every capability for good ([`ring_setup`]).
+/// effective, in its control threads, and each I/O thread (and each qcow2 metadata worker, for
+/// its ring and the copy-on-write buffers it registers) raises it for the one `io_uring_setup`
+/// and then drops every capability for good ([`ring_setup`]).
 pub(super) fn memlock_exemption() -> CapabilitySet {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
@@ -129,7 +130,7 @@ pub(super) fn memlock_exemption() -> CapabilitySet {
     }
 }
 
-/// Runs `create` (an I/O thread creating its ring) with `kept` effective, then gives up every
+/// Runs `create` (a thread creating its ring) with `kept` effective, then gives up every
 /// capability of the calling thread.
 pub(super) fn ring_setup<T>(kept: CapabilitySet, create: impl FnOnce() -> T) -> T {
     if kept.is_empty() {

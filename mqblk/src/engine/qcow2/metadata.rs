@@ -247,19 +247,36 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
         region_bytes(RUNNING, cluster),
         image.access.mem_align().max(4096),
     );
-    // Made here, so that a failure is the caller's error, not a worker that is missing.
-    let (ring, registered) = uring_io::worker_ring(
-        RING_ENTRIES,
-        crate::sandbox::rings_confined(),
-        region.as_mut().map(Region::iovec),
-    )?;
     let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
     let image = image.clone();
     let worker_wake = wake.clone();
     let worker = name.to_string();
+    // The ring is made on the worker's own thread, as an I/O thread makes its own: in a
+    // confined daemon that cannot lift the locked-memory limit, `ring_setup` exempts the ring
+    // and its registered region from the limit, and then drops every capability of the
+    // thread, which a control thread must keep. Its result comes back here, so that a failure
+    // is the caller's error, not a worker that is missing.
+    let (made_tx, made_rx) = std::sync::mpsc::sync_channel::<io::Result<()>>(1);
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
+            let made = crate::sandbox::ring_setup(|| {
+                uring_io::worker_ring(
+                    RING_ENTRIES,
+                    crate::sandbox::rings_confined(),
+                    region.as_mut().map(Region::iovec),
+                )
+            });
+            let (ring, registered) = match made {
+                Ok(made) => {
+                    let _ = made_tx.send(Ok(()));
+                    made
+                }
+                Err(e) => {
+                    let _ = made_tx.send(Err(e));
+                    return;
+                }
+            };
             // A panic (a bug of imago's or ours that an image or a request reached) ends the
             // worker and this image's metadata path, never the daemon: `serve` gives the
             // image up as it unwinds, every job it held answers EIO as it is dropped, and
@@ -275,6 +292,9 @@ pub fn start_worker(image: &Arc<Image>, name: &str) -> io::Result<Jobs> {
                 tracing::error!(worker, "qcow2 metadata worker ended by a panic");
             }
         })?;
+    made_rx.recv().map_err(|_| {
+        io::Error::other("the qcow2 metadata worker ended before its ring was made")
+    })??;
     Ok(Jobs { tx, wake })
 }
 
