@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::image::{Image, Invalidation};
+use super::jobs::{self, Hint, IoVecs, Job, Jobs, Replies, Reply, Work};
 use super::locks::{clusters, overlap};
 use super::mapping::{MappingCache, Target};
-use super::metadata::{self, Hint, IoVecs, Job, Jobs, Replies, Reply, Work};
+use super::metadata;
 use super::Shared;
 use crate::engine::{self, Channel, Op, Started};
 
@@ -70,7 +71,7 @@ impl Qcow2Channel {
                 Started::Pending
             }
             // The export is shutting down, or its worker panicked and the image was given up.
-            Err(metadata::WorkerGone) => Started::Done(-libc::EIO),
+            Err(jobs::WorkerGone) => Started::Done(-libc::EIO),
         }
     }
 }
@@ -147,7 +148,7 @@ impl Channel for Qcow2Channel {
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
-        Some(metadata::event_fd(&self.replies))
+        Some(jobs::event_fd(&self.replies))
     }
 
     fn end_round(&mut self) {

@@ -35,6 +35,7 @@ mod dirty_mark;
 mod early_maps;
 mod executor;
 mod image;
+mod jobs;
 mod locks;
 mod mapping;
 mod metadata;
@@ -65,8 +66,8 @@ use crate::format::qcow2::header;
 pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
 use image::Image;
+use jobs::{Jobs, Replies};
 use mapping::MappingCache;
-use metadata::{Jobs, Replies};
 use table_budget::TableLease;
 
 /// The image being written (the top of the chain) and the worker of its metadata path,
