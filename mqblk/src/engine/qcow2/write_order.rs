@@ -33,7 +33,8 @@
 //! Everything else is written through: a refcount block once clusters may be freed, the
 //! refcount table, the header, the L1 table, and a new L2 table or refcount block (not in the
 //! L1 or refcount table yet). Both tables are mirrored here from the image at open and from
-//! imago's writes to them; a write to the header's cluster reloads them.
+//! imago's writes to them; a write to the header's cluster reloads them (should that fail,
+//! every table is written through from then on, after a sync of the plain writes before it).
 //!
 //! What it costs a group commit is one sync, before its L2 tables (docs/PERFORMANCE.md 13b and
 //! 13c).
@@ -202,6 +203,13 @@ impl WriteOrder {
         }
         let s = self.state();
         let unsynced = s.plain_done != s.plain_synced;
+        if !s.mirrored {
+            // Any table may be an L2 table: after the data written before it, durable when
+            // it completes.
+            return WriteMode::Through {
+                sync_first: unsynced,
+            };
+        }
         if self.in_table_of(&s.l1, offset, len) {
             return WriteMode::Plain {
                 sync_first: unsynced,
@@ -260,7 +268,8 @@ impl WriteOrder {
     }
 
     /// The header changed and the tables could not be read again: every table is written
-    /// through from now on, and every metadata write waits for early mappings' data.
+    /// through from now on, after a sync of the plain writes before it (any may be an L2
+    /// table), and every metadata write waits for early mappings' data.
     pub fn reload_failed(&self) {
         let mut s = self.state();
         s.l1.clear();
@@ -474,5 +483,26 @@ mod tests {
         w.reload_failed();
         assert!(w.may_hold_mappings(7 * C, C));
         assert!(w.begin_early().is_none());
+    }
+
+    #[test]
+    fn once_the_tables_are_not_known_every_table_goes_through_after_the_data_before_it() {
+        let w = order(&header(3 * C, 1, 0), &l1(&[5 * C]), &[]);
+        w.reload_failed();
+        let through = |sync_first| WriteMode::Through { sync_first };
+        assert_eq!(
+            w.mode(5 * C, C, false),
+            through(false),
+            "nothing written yet"
+        );
+        // A new cluster's data, written plain: any table may map it.
+        assert_eq!(
+            w.mode(9 * C, C, true),
+            WriteMode::Plain { sync_first: false }
+        );
+        w.wrote_plain();
+        for table in [5 * C, 7 * C] {
+            assert_eq!(w.mode(table, C, false), through(true), "at {table}");
+        }
     }
 }
