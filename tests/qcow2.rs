@@ -2172,3 +2172,70 @@ fn an_image_whose_refcount_blocks_lie_far_apart_past_its_end_takes_little_of_its
         "{log}"
     );
 }
+
+/// The metadata path's counters (`metadata` in `export_get`; `mqblk_qcow2_*` in the metrics)
+/// count what it does, and a guest flush after writes into new clusters syncs the image file
+/// only as often as qcow2's order needs: with `metadata-commit=flush`, once before the L2
+/// tables (covering the new clusters' data and the refcount blocks that count them) and once
+/// at the end; in the default mode, where each write's tables were written back (after a sync)
+/// before it completed, once.
+#[test]
+fn the_metadata_counters_count_write_backs_and_a_flush_syncs_only_as_qcow2_s_order_needs() {
+    for (commit, flush_syncs) in [("write", 1), ("flush", 2)] {
+        let dir = TestDir::new();
+        let base = base_image(&dir, "raw");
+        let overlay = dir.join("overlay.qcow2");
+        let sock = dir.join("s.sock");
+        let export = overlay_export(&sock, &overlay, &base, "raw")
+            .set("id", "ov")
+            .set("metadata-commit", commit);
+        let (d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+        let mut c = Client::connect(&sock, 2).unwrap();
+        let mut counters = || {
+            let got = api.ok("export_get", serde_json::json!({"id": "ov"}));
+            let m = &got["status"]["metadata"];
+            let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("no {k}: {got}"));
+            [n("requests"), n("write_backs"), n("syncs"), n("sync_ns")]
+        };
+        let before = counters();
+        // One write at a time, each into a new cluster (a copy-on-write from the base).
+        const WRITES: u64 = 8;
+        for i in 0..WRITES {
+            let at = (2 * i + 1) * CLUSTER + 4096;
+            c.write(0, at, &pattern(4096, at, 7)).unwrap();
+        }
+        let written = counters();
+        let delta = |a: [u64; 4], b: [u64; 4], i: usize| a[i] - b[i];
+        assert!(delta(written, before, 0) >= WRITES, "{commit}: {written:?}");
+        if commit == "write" {
+            // Each write alone in its group commit: one write-back and one sync each.
+            assert_eq!(delta(written, before, 1), WRITES, "{commit}: {written:?}");
+            assert_eq!(delta(written, before, 2), WRITES, "{commit}: {written:?}");
+            assert!(delta(written, before, 3) > 0, "{commit}: a sync takes time");
+        } else {
+            // Nothing reaches the file before the guest's flush.
+            assert_eq!(delta(written, before, 1), 0, "{commit}: {written:?}");
+            assert_eq!(delta(written, before, 2), 0, "{commit}: {written:?}");
+        }
+        c.flush(0).expect("flush");
+        let flushed = counters();
+        assert_eq!(
+            delta(flushed, written, 2),
+            flush_syncs,
+            "{commit}: the flush's syncs ({before:?} -> {written:?} -> {flushed:?})"
+        );
+        drop(c);
+        d.terminate();
+        assert_checks_clean(&overlay, false);
+        let mut expected = std::fs::read(&base).unwrap();
+        for i in 0..WRITES {
+            let at = (2 * i + 1) * CLUSTER + 4096;
+            expected[at as usize..at as usize + 4096].copy_from_slice(&pattern(4096, at, 7));
+        }
+        let read = read_through_qemu(&overlay, &dir.join("read.raw"));
+        assert!(
+            read == expected,
+            "{commit}: QEMU reads what was written over the base"
+        );
+    }
+}

@@ -282,6 +282,42 @@ impl Collector for Snapshot {
                 .iter()
                 .filter_map(|e| Some((export(e), e.table_memory?))),
         )?;
+        let qcow2 = || {
+            exports
+                .iter()
+                .filter_map(|e| Some((export(e), e.metadata?)))
+        };
+        let seconds = |ns: u64| ns as f64 * 1e-9;
+        counter(
+            enc,
+            "mqblk_qcow2_metadata_requests_total",
+            "Requests a qcow2 export's metadata worker performed (what the I/O threads' mapping caches could not serve: allocating writes, backing reads, zero or compressed clusters, a neighbourhood's first access, flushes, discards, write-zeroes).",
+            qcow2().map(|(l, m)| (l, m.requests)),
+        )?;
+        counter(
+            enc,
+            "mqblk_qcow2_write_backs_total",
+            "Group commits that wrote a qcow2 image's tables back before their requests completed (metadata-commit=write).",
+            qcow2().map(|(l, m)| (l, m.write_backs)),
+        )?;
+        counter(
+            enc,
+            "mqblk_qcow2_write_back_seconds_total",
+            "Time in those write-backs, their syncs included: what allocating writes waited for.",
+            qcow2().map(|(l, m)| (l, seconds(m.write_back_ns))),
+        )?;
+        counter(
+            enc,
+            "mqblk_qcow2_syncs_total",
+            "fdatasyncs and fsyncs of a qcow2 image file: before a write-back's L2 tables, and a guest flush's.",
+            qcow2().map(|(l, m)| (l, m.syncs)),
+        )?;
+        counter(
+            enc,
+            "mqblk_qcow2_sync_seconds_total",
+            "Time in those syncs (the store's sync latency).",
+            qcow2().map(|(l, m)| (l, seconds(m.sync_ns))),
+        )?;
         gauge(
             enc,
             "mqblk_connected_frontends",
@@ -436,6 +472,7 @@ impl Collector for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::qcow2::MetadataCounters;
 
     fn status(id: &str, threads: usize) -> ExportStatus {
         ExportStatus {
@@ -452,6 +489,13 @@ mod tests {
             waiting_for_disk: false,
             in_flight: 2,
             table_memory: (id == "b").then_some(9 << 20),
+            metadata: (id == "b").then_some(MetadataCounters {
+                requests: 40,
+                write_backs: 3,
+                write_back_ns: 1_500_000_000,
+                syncs: 4,
+                sync_ns: 250_000_000,
+            }),
             failure: (id == "b").then(|| "mqblk-io0-b: panicked: test".into()),
             counters: IoCounters::default(),
             per_thread: vec![IoCounters::default(); threads],
@@ -579,6 +623,15 @@ mod tests {
             samples(&text, "mqblk_table_memory_bytes"),
             vec![(r#"export="b"}"#, "9437184")]
         );
+        for (name, v) in [
+            ("mqblk_qcow2_metadata_requests_total", "40"),
+            ("mqblk_qcow2_write_backs_total", "3"),
+            ("mqblk_qcow2_write_back_seconds_total", "1.5"),
+            ("mqblk_qcow2_syncs_total", "4"),
+            ("mqblk_qcow2_sync_seconds_total", "0.25"),
+        ] {
+            assert_eq!(samples(&text, name), vec![(r#"export="b"}"#, v)], "{name}");
+        }
         // Per thread.
         let polls = samples(&text, "mqblk_thread_polls_total");
         assert_eq!(polls.len(), 2 * 3, "hit and miss for each of 3 threads");

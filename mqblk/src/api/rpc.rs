@@ -589,6 +589,7 @@ mod tests {
             waiting_for_disk: false,
             in_flight: 0,
             table_memory: None,
+            metadata: None,
             failure: None,
             counters: Default::default(),
             per_thread: Vec::new(),

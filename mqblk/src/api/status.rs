@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::qcow2::MetadataCounters;
 use crate::io::IoCounters;
 
 /// One export, at the moment it was asked about.
@@ -40,6 +41,10 @@ pub struct ExportStatus {
     /// (what its tables could take); absent for other exports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_memory: Option<u64>,
+    /// For a qcow2 export, what its metadata path has done (requests, write-backs, syncs);
+    /// absent for other exports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataCounters>,
     /// Why the export failed (an I/O thread died; `export_del` and `export_add` bring it
     /// back); null while it serves.
     pub failure: Option<String>,

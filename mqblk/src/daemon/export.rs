@@ -203,6 +203,7 @@ impl Export {
             waiting_for_disk: self.state.waiting_for_disk.load(Ordering::Relaxed),
             in_flight: d.threads().iter().map(|t| t.counters().in_flight()).sum(),
             table_memory: d.engine().table_memory(),
+            metadata: d.engine().metadata_counters(),
             failure: d.failure().reason(),
             counters: d.counters(),
             per_thread: d.threads().iter().map(|t| t.counters().load()).collect(),

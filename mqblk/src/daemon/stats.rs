@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::export::Export;
 use crate::config::write_atomically;
+use crate::engine::qcow2::MetadataCounters;
 use crate::io::IoCounters;
 
 /// How often the stats file is rewritten.
@@ -27,6 +28,9 @@ pub struct ExportStats {
     /// The counters, summed over the threads.
     #[serde(flatten)]
     pub counters: IoCounters,
+    /// For a qcow2 export, what its metadata path has done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataCounters>,
 }
 
 /// The stats file: `{"exports": [...]}`.
@@ -46,6 +50,7 @@ pub fn collect(running: &[Arc<Export>]) -> StatsFile {
                 socket: e.socket().to_path_buf(),
                 threads: e.device().threads().len(),
                 counters: e.device().counters(),
+                metadata: e.device().engine().metadata_counters(),
             })
             .collect(),
     }

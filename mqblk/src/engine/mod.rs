@@ -164,6 +164,10 @@ pub trait Engine: Send + Sync {
     fn table_memory(&self) -> Option<u64> {
         None
     }
+    /// What a qcow2 engine's metadata path has done; `None` for the others.
+    fn metadata_counters(&self) -> Option<qcow2::MetadataCounters> {
+        None
+    }
     /// Where to report the failures it contains on its own (see [`FailureReport`]); engines
     /// that have none ignore it.
     fn report_failures_to(&self, report: FailureReport) {

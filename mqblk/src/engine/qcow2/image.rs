@@ -28,6 +28,7 @@ use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
 use crate::format::qcow2::Qcow2Error;
 
+use super::counters::Counters;
 use super::dirty_mark::{self, DirtyMark};
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
@@ -115,6 +116,8 @@ pub struct Image {
     mended: AtomicBool,
     /// Where a give-up is reported: the export's, shared by every image its engine opens.
     pub failure_report: Arc<OnceLock<FailureReport>>,
+    /// Where its metadata path counts what it does: the export's, kept across snapshots.
+    pub counters: Arc<Counters>,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OpenError {
@@ -388,7 +391,7 @@ fn open_backing(
 }
 
 /// How the top image of a chain is opened.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TopOptions {
     /// Never written.
     pub readonly: bool,
@@ -398,6 +401,8 @@ pub struct TopOptions {
     pub commit: MetadataCommit,
     /// Its dirty bit is a live server's mark ([`dirty_mark`](super::dirty_mark)): let through.
     pub marked_live: bool,
+    /// Where its metadata path counts what it does (the export's).
+    pub counters: Arc<Counters>,
 }
 
 /// Opens the qcow2 image at `path` (which must exist) with its chain, `layers`
@@ -408,6 +413,7 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         direct,
         commit,
         marked_live,
+        counters,
     } = opts;
     let mut head = header::read_head(path)?;
     if marked_live {
@@ -441,7 +447,7 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
         top_file = top_file
-            .ordered()
+            .ordered(counters.clone())
             .map_err(io_err("cannot read the L1 and refcount tables of", path))?;
     }
     let write_order = top_file.write_order();
@@ -481,6 +487,7 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         given_up: AtomicBool::new(false),
         mended: AtomicBool::new(false),
         failure_report: Arc::default(),
+        counters,
     };
     if marked_live {
         image.top_storage().hide_dirty_bit(false);

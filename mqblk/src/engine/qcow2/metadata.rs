@@ -277,6 +277,7 @@ fn completes_now(image: &Image, p: &Performed) -> bool {
 /// Performs a job and reads the mappings its reply will carry.
 async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
     let mut done = perform(&image, &mut job.work).await;
+    image.counters.performed();
     let (hints, epoch) = match done.hint {
         Some((offset, len)) if done.result >= 0 => hints(&image, offset, len).await,
         _ => (Vec::new(), 0),
@@ -596,7 +597,9 @@ async fn write_back(image: &Image, changed: u64) -> io::Result<()> {
         return Ok(());
     }
     let upto = image.changed.load(Ordering::Acquire);
+    let began = Instant::now();
     image.access.flush().await?;
+    image.counters.wrote_back(began);
     *written_back = upto;
     Ok(())
 }
@@ -606,10 +609,9 @@ async fn write_back(image: &Image, changed: u64) -> io::Result<()> {
 async fn flush(image: &Image) -> io::Result<()> {
     let answered = image.dirty.as_ref().map(|d| d.answered());
     let done = image.writes_done.load(Ordering::Acquire);
-    if image.writes_durable.load(Ordering::Acquire) != done {
-        // Data in newly allocated clusters before the L2 entries that point at it.
-        uring_io::sync_data(&image.file).await?;
-    }
+    // The data of new clusters reaches stable storage before the L2 entries that map them
+    // through the sync the write order puts before the first L2 table written (`write_order`),
+    // and everything else through the final sync: one of its own first would only repeat it.
     image.access.flush().await?;
     image.access.sync().await?;
     image.writes_durable.fetch_max(done, Ordering::AcqRel);

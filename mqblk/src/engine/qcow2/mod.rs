@@ -29,6 +29,7 @@ mod channel;
 mod cluster_buffers;
 #[cfg(test)]
 mod counted_wakes;
+mod counters;
 mod cow;
 mod data_writes;
 mod dirty_mark;
@@ -65,6 +66,8 @@ use crate::engine::{
 use crate::format::qcow2::header;
 pub use crate::format::qcow2::Qcow2Error;
 use channel::Qcow2Channel;
+use counters::Counters;
+pub use counters::MetadataCounters;
 use image::Image;
 use jobs::{Jobs, Replies};
 use mapping::MappingCache;
@@ -102,6 +105,8 @@ pub struct Qcow2Engine {
     worker_name: String,
     /// Where its images report being given up (set by the export).
     failure_report: Arc<OnceLock<FailureReport>>,
+    /// What its metadata path did, counted by every top it serves.
+    counters: Arc<Counters>,
     /// Its share of the daemon's budget for tables (see [`table_budget`]), grown by a
     /// snapshot.
     tables: Mutex<TableLease>,
@@ -140,11 +145,13 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     // The chain's share of the daemon's budget, taken before imago loads any of its tables.
     let layers = header::chain(path, cfg.qcow2.table_memory_max, marked_live)?;
     let tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
+    let counters = Arc::new(Counters::default());
     let opts = image::TopOptions {
         readonly: cfg.readonly,
         direct: cfg.direct,
         commit,
         marked_live,
+        counters: counters.clone(),
     };
     let image = image::open(path, &layers, opts)?;
     match image.top_lock.take() {
@@ -207,6 +214,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         direct: cfg.direct,
         worker_name,
         failure_report,
+        counters,
         tables: Mutex::new(tables),
         control: Mutex::new(()),
     })
@@ -325,6 +333,7 @@ impl Qcow2Engine {
                     direct: self.direct,
                     commit: self.metadata_commit,
                     marked_live: false,
+                    counters: self.counters.clone(),
                 };
                 let opened = image::open(overlay, &layers, opts).and_then(|mut new| {
                     new.top_lock.take()?;
@@ -493,6 +502,10 @@ impl Engine for Qcow2Engine {
 
     fn table_memory(&self) -> Option<u64> {
         Some(self.tables().bytes())
+    }
+
+    fn metadata_counters(&self) -> Option<MetadataCounters> {
+        Some(self.counters.load())
     }
 
     fn report_failures_to(&self, report: FailureReport) {

@@ -16,12 +16,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use imago::io_buffers::{IoVector, IoVectorMut};
 use imago::storage::drivers::CommonStorageHelper;
 use imago::storage::PreallocateMode;
 use imago::{Storage, StorageOpenOptions};
 
+use super::counters::Counters;
 use super::data_writes;
 use super::table_io::TableIo;
 use super::uring_io::{self, Io};
@@ -120,6 +122,8 @@ pub struct RingFile {
     tables: TableIo,
     /// Held through a sync that [`WriteOrder`] asked for.
     syncing: futures::lock::Mutex<()>,
+    /// Where the top image's syncs are counted (the export's metadata counters).
+    counters: Option<Arc<Counters>>,
     /// Reads show the header without its dirty bit: while imago opens an image a live server
     /// has marked ([`dirty_mark`](super::dirty_mark)), which it would refuse.
     hide_dirty: AtomicBool,
@@ -156,15 +160,25 @@ impl RingFile {
             order: None,
             tables,
             syncing: futures::lock::Mutex::new(()),
+            counters: None,
             hide_dirty: AtomicBool::new(false),
             helper: CommonStorageHelper::default(),
         })
     }
 
-    /// The same, with its write ordering read from the image (the top image of a chain).
-    pub fn ordered(mut self) -> io::Result<RingFile> {
+    /// The same, with its write ordering read from the image (the top image of a chain), its
+    /// syncs counted in `counters`.
+    pub fn ordered(mut self, counters: Arc<Counters>) -> io::Result<RingFile> {
         self.order = Some(Arc::new(self.tables.write_order()?));
+        self.counters = Some(counters);
         Ok(self)
+    }
+
+    /// Counts a sync that began at `began` and succeeded.
+    fn synced(&self, began: Instant) {
+        if let Some(c) = &self.counters {
+            c.synced(began);
+        }
     }
 
     /// Whether reads show the header without its dirty bit (see `hide_dirty`).
@@ -192,7 +206,9 @@ impl RingFile {
             return Ok(());
         }
         let mark = order.sync_begins();
+        let began = Instant::now();
         uring_io::sync_data(&self.file).await?;
+        self.synced(began);
         order.synced(mark);
         Ok(())
     }
@@ -493,6 +509,7 @@ impl Storage for RingFile {
 
     async fn sync(&self) -> io::Result<()> {
         let mark = self.order.as_ref().map(|o| o.sync_begins());
+        let began = Instant::now();
         let synced = match uring_io::current() {
             Some(ring) => {
                 let fd = self.file.as_raw_fd();
@@ -505,6 +522,9 @@ impl Storage for RingFile {
             }
             None => self.file.sync_all(),
         };
+        if synced.is_ok() {
+            self.synced(began);
+        }
         if let (Ok(()), Some(order), Some(mark)) = (&synced, &self.order, mark) {
             order.synced(mark);
         }

@@ -1,0 +1,81 @@
+//! What a qcow2 export's metadata path has done, for the management API and the metrics: the
+//! requests its worker performed, the group commits that wrote imago's tables back, and the
+//! syncs of the image file, with the time each took. The time of a write-back or a sync is
+//! what an allocating write waits for (in the default `metadata-commit=write`), so these say
+//! how much of a slow allocating write is the store's sync latency.
+//!
+//! One set per export, kept across snapshots (each new top counts into the same set), so that
+//! every counter only grows. Counted per job and per commit or sync, never per request on the
+//! I/O threads' path.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+/// A qcow2 export's metadata-path counters, as read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MetadataCounters {
+    /// Requests the metadata worker performed (what the I/O threads' mapping caches could not
+    /// serve: allocating writes, reads of backing images, zero or compressed clusters, the
+    /// first access to a neighbourhood of clusters, flushes, discards and write-zeroes).
+    pub requests: u64,
+    /// Group commits that wrote imago's tables back to the image file before their requests
+    /// completed (`metadata-commit=write`).
+    pub write_backs: u64,
+    /// Time spent in those write-backs, in nanoseconds (their syncs included).
+    pub write_back_ns: u64,
+    /// `fdatasync`s and `fsync`s of the image file: before the L2 tables of a write-back (so
+    /// that new clusters' data is durable before the entries that map them), and a guest
+    /// flush's.
+    pub syncs: u64,
+    /// Time spent in those syncs, in nanoseconds.
+    pub sync_ns: u64,
+}
+
+/// The live counters, shared by an export's engine and each top image it serves.
+#[derive(Debug, Default)]
+pub struct Counters {
+    requests: AtomicU64,
+    write_backs: AtomicU64,
+    write_back_ns: AtomicU64,
+    syncs: AtomicU64,
+    sync_ns: AtomicU64,
+}
+
+impl Counters {
+    /// The worker performed a request.
+    pub fn performed(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A write-back that began at `began` ended.
+    pub fn wrote_back(&self, began: Instant) {
+        self.write_backs.fetch_add(1, Ordering::Relaxed);
+        self.write_back_ns
+            .fetch_add(nanos_since(began), Ordering::Relaxed);
+    }
+
+    /// A sync of the image file that began at `began` ended.
+    pub fn synced(&self, began: Instant) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_ns
+            .fetch_add(nanos_since(began), Ordering::Relaxed);
+    }
+
+    /// What they say now.
+    pub fn load(&self) -> MetadataCounters {
+        MetadataCounters {
+            requests: self.requests.load(Ordering::Relaxed),
+            write_backs: self.write_backs.load(Ordering::Relaxed),
+            write_back_ns: self.write_back_ns.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            sync_ns: self.sync_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn nanos_since(began: Instant) -> u64 {
+    u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
