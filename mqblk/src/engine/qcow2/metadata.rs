@@ -7,9 +7,9 @@
 //! runs up to [`RUNNING`] of them at once as tasks over imago's asynchronous interface, their
 //! I/O on its own ring ([`uring_io`]), then answers on the thread's reply queue and eventfd
 //! ([`jobs`](super::jobs)), which the thread's ring polls, with the mappings the thread may
-//! cache from then on. imago
-//! serializes what must be serialized (allocation, its L2 and refcount caches) with its own
-//! locks; a copy-on-write reads the rest of its cluster outside them ([`cow`]).
+//! cache from then on. imago serializes what must be serialized (allocation, its L2 and
+//! refcount caches) with its own locks; a copy-on-write reads the rest of its cluster outside
+//! them ([`cow`]).
 //!
 //! One worker, not several: the tasks of one thread wait for imago's locks without waking
 //! another thread, and one ring carries all the I/O. Measured (docs/PERFORMANCE.md section 13):
