@@ -373,11 +373,12 @@ impl Qcow2Engine {
     }
 }
 
-/// Data, then what imago holds of the metadata, on stable storage, and the image no longer
-/// marked dirty (from a control thread: blocking).
+/// Data and what imago holds of the metadata on stable storage, and the image no longer
+/// marked dirty (from a control thread: blocking). As a guest flush does (`metadata::flush`):
+/// the write order syncs the data of new clusters before the first L2 table written, and the
+/// last sync covers the rest.
 fn write_back_all(image: &Image) -> io::Result<()> {
     let answered = image.dirty.as_ref().map(|d| d.answered());
-    rustix::fs::fdatasync(&image.file)?;
     block_on(image.access.flush())?;
     block_on(image.access.sync())?;
     clear_dirty_mark(image, answered)
