@@ -102,7 +102,11 @@ impl BenchResults {
              *in flight* (the mean number of requests at the engine while the client ran, against \
              jobs × iodepth: how full the device was kept), req/submit (requests per \
              io_uring_enter that carried I/O), merges/I/O, notif/I/O and syscalls/I/O (the I/O \
-             threads' io_uring_enter calls of any kind and the write(2) of each notification sent outside the ring) are mqblk's own counters. *others' CPU* is the CPU \
+             threads' io_uring_enter calls of any kind and the write(2) of each notification sent outside the ring) are mqblk's own counters, and so, for a qcow2 image, are \
+             metadata path/I/O (requests its metadata worker served, per request), write-back \
+             µs (the mean time of a group commit's write-back of the tables, which the \
+             requests in it wait for) and sync µs (the mean time of a sync of the image file). \
+             *others' CPU* is the CPU \
              that other processes used meanwhile (from /proc/stat, in % of all CPUs): where it is \
              high, the point was disturbed.\n"
         );

@@ -222,8 +222,9 @@ mod tests {
         let md = r.markdown();
         let header = "| series | jobs | IOPS | in flight | MB/s | p50 µs | p99 µs | p99.9 µs | \
                       CPU s/M I/O | total CPU s/M I/O | peak RSS MiB | RssAnon MiB | req/submit \
-                      | merges/I/O | notif/I/O | syscalls/I/O | others' CPU % |\n|---|---:|---:|\
-                      ---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+                      | merges/I/O | notif/I/O | syscalls/I/O | others' CPU % | metadata path/I/O \
+                      | write-back µs | sync µs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\
+                      ---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
         assert!(md.contains(header), "{md}");
         assert!(
             md.contains("| mqblk per-queue | 1 | 1000 | – | 4.1 | 0 | 0 | 0 | 2.00 | – |"),

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 
 use mqblk::daemon::stats::StatsFile;
+use mqblk::engine::qcow2::MetadataCounters;
 use mqblk::io::IoCounters;
 
 use crate::sample::{MqblkCounters, Sample};
@@ -545,11 +546,20 @@ pub fn parse_stats(text: &str) -> anyhow::Result<MqblkCounters> {
     let file: StatsFile = serde_json::from_str(text).context("mqblk's stats file")?;
     let mut total = IoCounters::default();
     let mut threads = 0;
+    let mut metadata: Option<MetadataCounters> = None;
     for e in &file.exports {
         threads += e.threads as u64;
         total.add(&e.counters);
+        if let Some(m) = e.metadata {
+            let sum = metadata.get_or_insert_with(MetadataCounters::default);
+            sum.requests += m.requests;
+            sum.write_backs += m.write_backs;
+            sum.write_back_ns += m.write_back_ns;
+            sum.syncs += m.syncs;
+            sum.sync_ns += m.sync_ns;
+        }
     }
-    Ok(MqblkCounters::new(threads, total))
+    Ok(MqblkCounters::new(threads, total, metadata))
 }
 
 #[cfg(test)]
@@ -750,6 +760,23 @@ mod tests {
         assert_eq!(c.reqs_per_submit, Some(9.0));
         assert_eq!(c.merges_per_io, Some(0.1));
         assert_eq!(c.notifies_per_io, Some(0.05));
+        assert_eq!(
+            (c.metadata, c.write_back_us),
+            (None, None),
+            "no qcow2 export"
+        );
         assert!(parse_stats("{}").is_err());
+    }
+
+    #[test]
+    fn a_qcow2_export_s_metadata_counters_give_the_mean_write_back_and_sync() {
+        let t = r#"{"exports":[{"socket":"a","threads":1,"requests":400,"metadata":
+            {"requests":300,"write_backs":10,"write_back_ns":8000000,"syncs":12,
+            "sync_ns":6000000}}]}"#;
+        let c = parse_stats(t).unwrap();
+        assert_eq!(c.metadata.map(|m| m.requests), Some(300));
+        assert_eq!(c.metadata_per_io, Some(0.75));
+        assert_eq!(c.write_back_us, Some(800.0));
+        assert_eq!(c.sync_us, Some(500.0));
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use mqblk::engine::qcow2::MetadataCounters;
 use mqblk::io::IoCounters;
 
 /// mqblk's own counters for one sample (from `mqblk serve --stats-file`, its exports
@@ -28,13 +29,27 @@ pub struct MqblkCounters {
     /// Mean requests in flight at the engine while the client ran (all I/O threads): how
     /// full the backend kept the device, to compare with jobs × iodepth.
     pub in_flight: Option<f64>,
+    /// A qcow2 image's metadata-path counters (the daemon's one definition of them).
+    pub metadata: Option<MetadataCounters>,
+    /// qcow2: metadata-path requests / requests (what the I/O threads' caches could not serve).
+    pub metadata_per_io: Option<f64>,
+    /// qcow2: mean µs per write-back of the image's tables (a group commit's wait).
+    pub write_back_us: Option<f64>,
+    /// qcow2: mean µs per sync of the image file.
+    pub sync_us: Option<f64>,
 }
 
 impl MqblkCounters {
-    /// The counters of `threads` I/O threads, with the ratios.
-    pub fn new(threads: u64, c: IoCounters) -> Self {
+    /// The counters of `threads` I/O threads (and of a qcow2 image's metadata path, if it
+    /// served one), with the ratios.
+    pub fn new(threads: u64, c: IoCounters, metadata: Option<MetadataCounters>) -> Self {
         let per = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        let m = metadata.unwrap_or_default();
         MqblkCounters {
+            metadata,
+            metadata_per_io: metadata.and_then(|m| per(m.requests, c.requests)),
+            write_back_us: per(m.write_back_ns, m.write_backs * 1000),
+            sync_us: per(m.sync_ns, m.syncs * 1000),
             threads,
             reqs_per_submit: per(c.submitted, c.submits),
             merges_per_io: per(c.merges, c.requests),

@@ -134,6 +134,13 @@ metrics! {
     enters_per_io: |s| mqblk(s, |m| m.enters_per_io), Show::column(3, "sys/IO", 7, "syscalls/I/O");
     /// Other processes' CPU, % of all CPUs.
     others_cpu_pct: |s| s.others_cpu_pct, Show::report_only(0, "others' CPU %");
+    /// mqblk, qcow2: metadata-path requests per I/O.
+    metadata_per_io: |s| mqblk(s, |m| m.metadata_per_io),
+        Show::report_only(2, "metadata path/I/O");
+    /// mqblk, qcow2: mean µs per write-back of the tables.
+    write_back_us: |s| mqblk(s, |m| m.write_back_us), Show::report_only(0, "write-back µs");
+    /// mqblk, qcow2: mean µs per sync of the image file.
+    sync_us: |s| mqblk(s, |m| m.sync_us), Show::report_only(0, "sync µs");
 }
 
 /// The median and min–max of `of_sample` over `samples` (those that have it).
