@@ -286,19 +286,16 @@ impl PollPolicy {
                     Vote::Neither
                 };
                 // The mode changes on the second vote in a row for the other one (module
-                // docs).
-                let was_sleeping = self.sleeping_chosen;
-                let sleeping = match vote {
-                    Vote::Sleep => was_sleeping || self.last_vote == Vote::Sleep,
-                    Vote::Poll => was_sleeping && self.last_vote != Vote::Poll,
-                    Vote::Neither => was_sleeping,
+                // docs); a first such vote is confirmed by a trial soon after.
+                let other = if self.sleeping_chosen {
+                    Vote::Poll
+                } else {
+                    Vote::Sleep
                 };
+                let changes = vote == other && self.last_vote == other;
+                let sleeping = self.sleeping_chosen != changes;
+                let confirm = vote == other && !changes;
                 let sleep = vote == Vote::Sleep;
-                let confirm = match vote {
-                    Vote::Sleep => !sleeping,
-                    Vote::Poll => sleeping,
-                    Vote::Neither => false,
-                };
                 self.last_vote = vote;
                 self.sleeping_chosen = sleeping;
                 self.window_ns = if sleeping { 0 } else { window_ns };
