@@ -550,13 +550,10 @@ pub fn parse_stats(text: &str) -> anyhow::Result<MqblkCounters> {
     for e in &file.exports {
         threads += e.threads as u64;
         total.add(&e.counters);
-        if let Some(m) = e.metadata {
-            let sum = metadata.get_or_insert_with(MetadataCounters::default);
-            sum.requests += m.requests;
-            sum.write_backs += m.write_backs;
-            sum.write_back_ns += m.write_back_ns;
-            sum.syncs += m.syncs;
-            sum.sync_ns += m.sync_ns;
+        if let Some(m) = &e.metadata {
+            metadata
+                .get_or_insert_with(MetadataCounters::default)
+                .add(m);
         }
     }
     Ok(MqblkCounters::new(threads, total, metadata))
@@ -776,6 +773,27 @@ mod tests {
         let c = parse_stats(t).unwrap();
         assert_eq!(c.metadata.map(|m| m.requests), Some(300));
         assert_eq!(c.metadata_per_io, Some(0.75));
+        assert_eq!(c.write_back_us, Some(800.0));
+        assert_eq!(c.sync_us, Some(500.0));
+        // Two exports: each counter summed.
+        let t = r#"{"exports":[{"socket":"a","threads":1,"requests":400,"metadata":
+            {"requests":300,"write_backs":10,"write_back_ns":8000000,"syncs":12,
+            "sync_ns":6000000}},{"socket":"b","threads":1,"requests":400,"metadata":
+            {"requests":100,"write_backs":6,"write_back_ns":4800000,"syncs":8,
+            "sync_ns":4000000}}]}"#;
+        let c = parse_stats(t).unwrap();
+        let m = c.metadata.unwrap();
+        assert_eq!(
+            (
+                m.requests,
+                m.write_backs,
+                m.write_back_ns,
+                m.syncs,
+                m.sync_ns
+            ),
+            (400, 16, 12_800_000, 20, 10_000_000)
+        );
+        assert_eq!(c.metadata_per_io, Some(0.5));
         assert_eq!(c.write_back_us, Some(800.0));
         assert_eq!(c.sync_us, Some(500.0));
     }

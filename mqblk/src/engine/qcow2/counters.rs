@@ -34,6 +34,24 @@ pub struct MetadataCounters {
     pub sync_ns: u64,
 }
 
+impl MetadataCounters {
+    /// Adds `other`'s counts (several exports' summed).
+    pub fn add(&mut self, other: &MetadataCounters) {
+        let MetadataCounters {
+            requests,
+            write_backs,
+            write_back_ns,
+            syncs,
+            sync_ns,
+        } = other;
+        self.requests += requests;
+        self.write_backs += write_backs;
+        self.write_back_ns += write_back_ns;
+        self.syncs += syncs;
+        self.sync_ns += sync_ns;
+    }
+}
+
 /// The live counters, shared by an export's engine and each top image it serves.
 #[derive(Debug, Default)]
 pub struct Counters {
