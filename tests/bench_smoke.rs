@@ -182,3 +182,50 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
         "{log}"
     );
 }
+
+/// `--format qcow2-empty`: both backends serve an empty qcow2 image of the raw image's size,
+/// without a backing file, made anew before each sample (so each sample allocates from
+/// nothing), and `qemu-img check` finds it consistent after each.
+#[test]
+fn bench_serves_an_empty_qcow2_image_made_anew_for_each_backend() {
+    let dir = TestDir::new();
+    let out = dir.path().join("out");
+    bench_ok(
+        &[
+            "--backend",
+            "mqblk,qsd",
+            "--engine",
+            "uring",
+            "--format",
+            "qcow2-empty",
+            "--mode",
+            "mq",
+            "--workloads",
+            "randwrite-4k",
+            "--jobs",
+            "1",
+            "--iodepth",
+            "8",
+            "--runtime",
+            "0.3",
+            "--repeat",
+            "1",
+            "--size",
+            "16M",
+        ],
+        &out,
+    );
+    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["options"]["format"], "qcow2-empty");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "{text}");
+    assert!(points.iter().all(|p| p["format"] == "qcow2-empty"), "{text}");
+    let image = out.join("empty.qcow2");
+    for log in ["logs/mqblk.log", "logs/qsd.log"] {
+        let log = std::fs::read_to_string(out.join(log)).unwrap();
+        // Made anew, 16 MiB, with no backing file.
+        let made = format!("\"{}\" \"16777216\"", image.display());
+        assert!(log.contains(&made) && !log.contains("\"-b\""), "{log}");
+    }
+}

@@ -82,6 +82,10 @@ impl BenchResults {
                 "qcow2-overlay: an empty overlay.qcow2 (64 KiB clusters) over the raw image, \
                  made anew before every sample",
             ),
+            ImageFormat::Qcow2Empty => Some(
+                "qcow2-empty: an empty empty.qcow2 (64 KiB clusters) of the raw image's size, \
+                 without a backing file, made anew before every sample",
+            ),
         };
         if let Some(image) = image {
             let _ = writeln!(

@@ -66,9 +66,11 @@ pub struct BenchArgs {
     pub read_first: bool,
     /// Image format for --engine uring, served by mqblk and qsd: raw (the raw image itself),
     /// qcow2 (OUT/disk.qcow2, converted from the raw image by qemu-img with every cluster
-    /// allocated: the mapping of each request is what it adds) or qcow2-overlay (an empty
+    /// allocated: the mapping of each request is what it adds), qcow2-overlay (an empty
     /// OUT/overlay.qcow2 over the raw image, made anew before every sample: backing reads,
-    /// cluster allocation and copy-on-write). A `--mqblk-opts` variant with `format=raw`
+    /// cluster allocation and copy-on-write) or qcow2-empty (an empty OUT/empty.qcow2 without
+    /// a backing file, made anew before every sample: a new VM disk, whose new clusters are
+    /// zeros around each first write). A `--mqblk-opts` variant with `format=raw`
     /// serves the raw image instead, to compare the two in one run. QSD gets an l2-cache-size
     /// that maps the whole image, as mqblk's mapping cache does. Needs qemu-img.
     #[arg(long, default_value = "raw")]
@@ -191,6 +193,8 @@ pub enum ImageFormat {
     Qcow2,
     /// An empty qcow2 overlay over the raw image, made anew before every sample.
     Qcow2Overlay,
+    /// An empty qcow2 image without a backing file, made anew before every sample.
+    Qcow2Empty,
 }
 
 impl ImageFormat {
@@ -200,9 +204,18 @@ impl ImageFormat {
             ImageFormat::Raw => "raw",
             ImageFormat::Qcow2 => "qcow2",
             ImageFormat::Qcow2Overlay => "qcow2-overlay",
+            ImageFormat::Qcow2Empty => "qcow2-empty",
         }
     }
+
+    /// Whether every sample starts from an image made anew (empty).
+    pub fn made_per_sample(self) -> bool {
+        matches!(self, ImageFormat::Qcow2Overlay | ImageFormat::Qcow2Empty)
+    }
 }
+
+/// The values `--format` takes, for error messages.
+pub const FORMATS: &str = "raw, qcow2, qcow2-overlay or qcow2-empty";
 
 impl FromStr for ImageFormat {
     type Err = String;
@@ -211,9 +224,8 @@ impl FromStr for ImageFormat {
             "raw" => Ok(ImageFormat::Raw),
             "qcow2" => Ok(ImageFormat::Qcow2),
             "qcow2-overlay" => Ok(ImageFormat::Qcow2Overlay),
-            _ => Err(format!(
-                "unknown format {s:?}: use raw, qcow2 or qcow2-overlay"
-            )),
+            "qcow2-empty" => Ok(ImageFormat::Qcow2Empty),
+            _ => Err(format!("unknown format {s:?}: use {FORMATS}")),
         }
     }
 }
@@ -386,7 +398,7 @@ impl BenchOptions {
             if engine != EngineKind::Uring {
                 return Err(format!(
                     "--format {}: for --engine uring (an image file), not --engine {}; \
-                     --format takes raw, qcow2 or qcow2-overlay",
+                     --format takes {FORMATS}",
                     format.name(),
                     engine.name()
                 ));
@@ -498,8 +510,8 @@ impl BenchOptions {
                     }
                     if format == ImageFormat::Raw {
                         return Err(format!(
-                            "--mqblk-opts {o}: format=raw is for --format qcow2 or \
-                             qcow2-overlay (this run serves the raw image anyway)"
+                            "--mqblk-opts {o}: format=raw is for a --format other than raw \
+                             (this run serves the raw image anyway)"
                         ));
                     }
                 }
@@ -652,11 +664,10 @@ mod tests {
             test_options("--engine uring --format qcow2-overlay --mqblk-opts poll=off,format=raw")
                 .unwrap();
         assert_eq!(o.format, ImageFormat::Qcow2Overlay);
+        let o = test_options("--engine uring --format qcow2-empty").unwrap();
+        assert_eq!(o.format, ImageFormat::Qcow2Empty);
         let e = test_options("--engine uring --format vmdk").unwrap_err();
-        assert!(
-            e.contains("--format") && e.contains("raw, qcow2 or qcow2-overlay"),
-            "{e}"
-        );
+        assert!(e.contains("--format") && e.contains(FORMATS), "{e}");
         let e = test_options("--format qcow2").unwrap_err();
         assert!(
             e.contains("--format qcow2")
@@ -675,7 +686,7 @@ mod tests {
         // The variant key serves the raw image; it means nothing with a raw run.
         let e = test_options("--engine uring --mqblk-opts format=raw").unwrap_err();
         assert!(
-            e.contains("format=raw") && e.contains("--format qcow2 or qcow2-overlay"),
+            e.contains("format=raw") && e.contains("--format other than raw"),
             "{e}"
         );
         let e =

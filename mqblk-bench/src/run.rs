@@ -75,19 +75,21 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
         check(
             Path::new("qemu-img"),
             "qemu-img",
-            "--format qcow2 and qcow2-overlay make their images with it; install qemu-utils \
+            "a qcow2 --format makes its image with it; install qemu-utils \
              (bash .ci/setup does)",
         )?;
     }
     Ok(())
 }
 
-/// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2 or overlay.qcow2.
+/// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2, overlay.qcow2 or
+/// empty.qcow2.
 pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
     match opts.format {
         ImageFormat::Raw => None,
         ImageFormat::Qcow2 => Some(opts.out.join("disk.qcow2")),
         ImageFormat::Qcow2Overlay => Some(opts.out.join("overlay.qcow2")),
+        ImageFormat::Qcow2Empty => Some(opts.out.join("empty.qcow2")),
     }
 }
 
@@ -95,13 +97,14 @@ pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
 /// sample that served it is followed by a `qemu-img check`, [`check_qcow2`]): for
 /// qcow2 a copy with every cluster allocated (`qemu-img convert -S 0`: zero blocks are
 /// written too), made anew on every run so that it holds the raw image's data; for
-/// qcow2-overlay a first empty overlay (made anew before every sample, [`create_overlay`]).
+/// qcow2-overlay and qcow2-empty a first empty image (made anew before every sample,
+/// [`create_empty`]).
 pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
     let Some(image) = qcow2_image(opts) else {
         return Ok(());
     };
-    if opts.format == ImageFormat::Qcow2Overlay {
-        return create_overlay(raw, &image).map(drop);
+    if opts.format.made_per_sample() {
+        return create_empty(opts.format, raw, &image).map(drop);
     }
     println!(
         "converting {} into {} (qcow2, 64 KiB clusters, every cluster allocated)",
@@ -123,22 +126,31 @@ pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("syncing {}", image.display()))
 }
 
-/// Makes `overlay` anew: an empty qcow2 image over the raw image `raw` (by its absolute path,
-/// so that the overlay opens from anywhere). Returns the command, for the log.
-pub fn create_overlay(raw: &Path, overlay: &Path) -> anyhow::Result<String> {
+/// Makes `image` anew, empty, for `format` (qcow2-overlay or qcow2-empty): over the raw image
+/// `raw` (by its absolute path, so that the overlay opens from anywhere), or of its size
+/// without a backing file. Returns the command, for the log.
+pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Result<String> {
     let raw = std::path::absolute(raw).with_context(|| format!("{}", raw.display()))?;
-    match std::fs::remove_file(overlay) {
+    match std::fs::remove_file(image) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", overlay.display()))
+            return Err(e).with_context(|| format!("removing {}", image.display()))
         }
         _ => {}
     }
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-        .arg(&raw)
-        .arg("-o")
+    cmd.args(["create", "-q", "-f", "qcow2"]);
+    if format == ImageFormat::Qcow2Overlay {
+        cmd.args(["-F", "raw", "-b"]).arg(&raw);
+    }
+    cmd.arg("-o")
         .arg(format!("cluster_size={QCOW2_CLUSTER}"))
-        .arg(overlay);
+        .arg(image);
+    if format != ImageFormat::Qcow2Overlay {
+        let size = std::fs::metadata(&raw)
+            .with_context(|| format!("{}", raw.display()))?
+            .len();
+        cmd.arg(size.to_string());
+    }
     let line = format!("{cmd:?}");
     run_qemu_img(cmd)?;
     Ok(line)
@@ -412,12 +424,12 @@ impl<'a> RunEnv<'a> {
             .unwrap_or(self.tmp.path())
             .join(format!("stats{n}.json"));
         let log = self.log_file(p.backend, n, &header)?;
-        // Every sample starts from an empty overlay.
-        if let (ImageFormat::Qcow2Overlay, Some(overlay), Some(raw)) =
-            (o.served_format(p), &self.qcow2, &self.image)
-        {
-            let line = create_overlay(raw, overlay)?;
-            writeln!(&log, "{line}")?;
+        // Every sample starts from an empty image.
+        if let (format, Some(image), Some(raw)) = (o.served_format(p), &self.qcow2, &self.image) {
+            if format.made_per_sample() {
+                let line = create_empty(format, raw, image)?;
+                writeln!(&log, "{line}")?;
+            }
         }
         let rpc_sock = self.tmp.path().join(format!("s{n}.rpc"));
         let mut cmd = match p.backend {
@@ -484,9 +496,7 @@ impl<'a> RunEnv<'a> {
             );
         }
         // A backend that left its qcow2 image inconsistent measured nothing worth keeping.
-        if let (ImageFormat::Qcow2 | ImageFormat::Qcow2Overlay, Some(image)) =
-            (o.served_format(p), &self.qcow2)
-        {
+        if let (true, Some(image)) = (o.served_format(p) != ImageFormat::Raw, &self.qcow2) {
             check_qcow2(image).with_context(|| {
                 format!("after {} served {}", p.backend.name(), image.display())
             })?;
