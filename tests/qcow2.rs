@@ -2239,3 +2239,110 @@ fn the_metadata_counters_count_write_backs_and_a_flush_syncs_only_as_qcow2_s_ord
         );
     }
 }
+
+/// A 4 KiB write into each of `clusters` (guest cluster numbers), one at a time, 4 KiB into
+/// the cluster; the bytes QEMU must then read: `before` patched with them.
+fn write_into_clusters(c: &mut Client, clusters: &[u64], before: &mut [u8]) {
+    for &n in clusters {
+        let at = n * CLUSTER + 4096;
+        let data = pattern(4096, at, 0xc0);
+        c.write(0, at, &data).unwrap();
+        before[at as usize..at as usize + 4096].copy_from_slice(&data);
+    }
+}
+
+/// A write into part of a new cluster whose rest is zeros (past the end of a shorter base, or
+/// over zeros in it) reads back with zeros around it, through mqblk and through QEMU, as one
+/// whose rest comes from the base reads back with the base's data. And an image whose file held
+/// bytes past its last cluster when the daemon opened it (a stale tail, as a run that grew the
+/// file ahead and crashed leaves) gets its new clusters there: no stale byte may show around a
+/// write. These guard the zeros of a new cluster against a shortcut that writes only the
+/// guest's part where the file is thought to read zeros (docs/PERFORMANCE.md 13l: tried, and
+/// slower on ext4).
+#[test]
+fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale_file_tail() {
+    let dir = TestDir::new();
+    // An overlay twice the size of its raw base: its second half has no backing data.
+    let base = dir.image("base.raw", SIZE / 2, Some(BASE_SEED));
+    // And one cluster of zeros in the base (as a hole in a raw base reads).
+    let zeros_in_base = 7;
+    write_at(&base, zeros_in_base * CLUSTER, &vec![0; CLUSTER as usize]);
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("s.sock");
+    let half = SIZE / 2 / CLUSTER;
+    let export = overlay_export(&sock, &overlay, &base, "raw")
+        .queues(1)
+        .set("size", &SIZE.to_string());
+    let d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    let mut expected = std::fs::read(&base).unwrap();
+    expected.resize(SIZE as usize, 0);
+    let over_base = [1, 3, 5, half - 2];
+    let past_base = [half, half + 3, half + 9, 2 * half - 1];
+    write_into_clusters(&mut c, &over_base, &mut expected);
+    write_into_clusters(&mut c, &past_base, &mut expected);
+    write_into_clusters(&mut c, &[zeros_in_base], &mut expected);
+    for &n in past_base.iter().chain(&over_base).chain(&[zeros_in_base]) {
+        let start = n * CLUSTER;
+        let mut got = vec![0u8; CLUSTER as usize];
+        c.read(0, start, &mut got).unwrap();
+        assert!(
+            got == expected[start as usize..(start + CLUSTER) as usize],
+            "cluster {n} reads back through mqblk"
+        );
+    }
+    c.flush(0).unwrap();
+    drop(c);
+    d.terminate();
+    assert_checks_clean(&overlay, false);
+    let read = read_through_qemu(&overlay, &dir.join("read.raw"));
+    assert!(
+        read == expected,
+        "QEMU reads the base, zeros past it, and the writes"
+    );
+
+    // A stale tail: 16 clusters of 0xaa past the image's last cluster, counted free.
+    let img = dir.join("stale.qcow2");
+    create_qcow2(&img, &SIZE.to_string());
+    let len = std::fs::metadata(&img).unwrap().len();
+    write_at(
+        &img,
+        len.next_multiple_of(CLUSTER),
+        &vec![0xaa; 16 * CLUSTER as usize],
+    );
+    let sock = dir.join("stale.sock");
+    let export = Export::file(&sock, &img).queues(1).set("format", "qcow2");
+    let d = Daemon::start(&dir, &[export]);
+    let mut c = Client::connect(&sock, 1).unwrap();
+    let mut expected = vec![0u8; SIZE as usize];
+    let clusters: Vec<u64> = (0..24).map(|i| 2 * i + 1).collect();
+    write_into_clusters(&mut c, &clusters, &mut expected);
+    for &n in &clusters {
+        let start = n * CLUSTER;
+        let mut got = vec![0u8; CLUSTER as usize];
+        c.read(0, start, &mut got).unwrap();
+        assert!(
+            got == expected[start as usize..(start + CLUSTER) as usize],
+            "cluster {n} reads back through mqblk (no stale bytes around the write)"
+        );
+    }
+    c.flush(0).unwrap();
+    drop(c);
+    d.terminate();
+    assert_checks_clean(&img, false);
+    let read = read_through_qemu(&img, &dir.join("read.raw"));
+    assert!(read == expected, "QEMU reads zeros around each write");
+    // The stale tail was used (and is counted in use: qemu-img check is clean).
+    let tail = len.next_multiple_of(CLUSTER)..len.next_multiple_of(CLUSTER) + 16 * CLUSTER;
+    let map = qemu_img_ok(&["map", "--output=json", &img.display().to_string()]);
+    let map: Vec<serde_json::Value> = serde_json::from_str(&map).unwrap();
+    let in_tail = map
+        .iter()
+        .filter_map(|m| m["offset"].as_u64())
+        .filter(|o| tail.contains(o))
+        .count();
+    assert!(
+        in_tail > 0,
+        "no write landed in the stale tail {tail:?}: {map:?}"
+    );
+}
