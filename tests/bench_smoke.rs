@@ -220,7 +220,10 @@ fn bench_serves_an_empty_qcow2_image_made_anew_for_each_backend() {
     assert_eq!(v["options"]["format"], "qcow2-empty");
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 2, "{text}");
-    assert!(points.iter().all(|p| p["format"] == "qcow2-empty"), "{text}");
+    assert!(
+        points.iter().all(|p| p["format"] == "qcow2-empty"),
+        "{text}"
+    );
     let image = out.join("empty.qcow2");
     for log in ["logs/mqblk.log", "logs/qsd.log"] {
         let log = std::fs::read_to_string(out.join(log)).unwrap();

@@ -138,19 +138,17 @@ pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Re
         _ => {}
     }
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2"]);
-    if format == ImageFormat::Qcow2Overlay {
-        cmd.args(["-F", "raw", "-b"]).arg(&raw);
-    }
-    cmd.arg("-o")
-        .arg(format!("cluster_size={QCOW2_CLUSTER}"))
-        .arg(image);
-    if format != ImageFormat::Qcow2Overlay {
-        let size = std::fs::metadata(&raw)
-            .with_context(|| format!("{}", raw.display()))?
-            .len();
-        cmd.arg(size.to_string());
-    }
+    cmd.args(["create", "-q", "-f", "qcow2", "-o"])
+        .arg(format!("cluster_size={QCOW2_CLUSTER}"));
+    match format {
+        ImageFormat::Qcow2Overlay => cmd.args(["-F", "raw", "-b"]).arg(&raw).arg(image),
+        _ => {
+            let size = std::fs::metadata(&raw)
+                .with_context(|| format!("{}", raw.display()))?
+                .len();
+            cmd.arg(image).arg(size.to_string())
+        }
+    };
     let line = format!("{cmd:?}");
     run_qemu_img(cmd)?;
     Ok(line)
