@@ -2240,6 +2240,14 @@ fn the_metadata_counters_count_write_backs_and_a_flush_syncs_only_as_qcow2_s_ord
     }
 }
 
+/// The copy-on-write counters of export `id`: `[cow_writes, cow_writes_in_part]`.
+fn cow_counters(api: &mut support::api::Api, id: &str) -> [u64; 2] {
+    let got = api.ok("export_get", serde_json::json!({ "id": id }));
+    let m = &got["status"]["metadata"];
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("no {k}: {got}"));
+    [n("cow_writes"), n("cow_writes_in_part")]
+}
+
 /// A 4 KiB write into each of `clusters` (guest cluster numbers), one at a time, 4 KiB into
 /// the cluster; the bytes QEMU must then read: `before` patched with them.
 fn write_into_clusters(c: &mut Client, clusters: &[u64], before: &mut [u8]) {
@@ -2252,13 +2260,12 @@ fn write_into_clusters(c: &mut Client, clusters: &[u64], before: &mut [u8]) {
 }
 
 /// A write into part of a new cluster whose rest is zeros (past the end of a shorter base, or
-/// over zeros in it) reads back with zeros around it, through mqblk and through QEMU, as one
-/// whose rest comes from the base reads back with the base's data. And an image whose file held
-/// bytes past its last cluster when the daemon opened it (a stale tail, as a run that grew the
-/// file ahead and crashed leaves) gets its new clusters there: no stale byte may show around a
-/// write. These guard the zeros of a new cluster against a shortcut that writes only the
-/// guest's part where the file is thought to read zeros (docs/PERFORMANCE.md 13l: tried, and
-/// slower on ext4).
+/// over zeros in it) is written alone, without the zeros, where the cluster lands in file
+/// space the daemon grew the file over; where the rest comes from the base, the cluster is
+/// written whole. Both read back exactly, through mqblk and through QEMU. Then the hazard: an
+/// image whose file held bytes past its last cluster when the daemon opened it (a stale tail,
+/// as a run that grew the file ahead and crashed leaves) gets its new clusters there, and those
+/// must be written whole, or the stale bytes would show around the guest's write.
 #[test]
 fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale_file_tail() {
     let dir = TestDir::new();
@@ -2273,15 +2280,23 @@ fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale
     let export = overlay_export(&sock, &overlay, &base, "raw")
         .queues(1)
         .set("size", &SIZE.to_string());
-    let d = Daemon::start(&dir, &[export]);
+    let (d, mut api) = support::api::daemon_with_api(&dir, &[export.set("id", "ov")]);
     let mut c = Client::connect(&sock, 1).unwrap();
     let mut expected = std::fs::read(&base).unwrap();
     expected.resize(SIZE as usize, 0);
+    let before = cow_counters(&mut api, "ov");
     let over_base = [1, 3, 5, half - 2];
     let past_base = [half, half + 3, half + 9, 2 * half - 1];
     write_into_clusters(&mut c, &over_base, &mut expected);
     write_into_clusters(&mut c, &past_base, &mut expected);
     write_into_clusters(&mut c, &[zeros_in_base], &mut expected);
+    let after = cow_counters(&mut api, "ov");
+    assert_eq!(
+        [after[0] - before[0], after[1] - before[1]],
+        [9, 5],
+        "the clusters over the base's data written whole, those past it or over its zeros in \
+         part: {before:?} -> {after:?}"
+    );
     for &n in past_base.iter().chain(&over_base).chain(&[zeros_in_base]) {
         let start = n * CLUSTER;
         let mut got = vec![0u8; CLUSTER as usize];
@@ -2311,12 +2326,16 @@ fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale
         &vec![0xaa; 16 * CLUSTER as usize],
     );
     let sock = dir.join("stale.sock");
-    let export = Export::file(&sock, &img).queues(1).set("format", "qcow2");
-    let d = Daemon::start(&dir, &[export]);
+    let export = Export::file(&sock, &img)
+        .queues(1)
+        .set("format", "qcow2")
+        .set("id", "stale");
+    let (d, mut api) = support::api::daemon_with_api(&dir, &[export]);
     let mut c = Client::connect(&sock, 1).unwrap();
     let mut expected = vec![0u8; SIZE as usize];
     let clusters: Vec<u64> = (0..24).map(|i| 2 * i + 1).collect();
     write_into_clusters(&mut c, &clusters, &mut expected);
+    let counted = cow_counters(&mut api, "stale");
     for &n in &clusters {
         let start = n * CLUSTER;
         let mut got = vec![0u8; CLUSTER as usize];
@@ -2344,5 +2363,13 @@ fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale
     assert!(
         in_tail > 0,
         "no write landed in the stale tail {tail:?}: {map:?}"
+    );
+    // Those written whole, and the clusters past the tail (the file grown by the daemon) in
+    // part.
+    assert_eq!(counted[0], 24, "{counted:?}");
+    assert_eq!(
+        counted[1],
+        24 - in_tail as u64,
+        "{in_tail} new clusters in the stale tail written whole, the others in part: {counted:?}"
     );
 }

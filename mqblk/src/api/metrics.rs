@@ -318,6 +318,18 @@ impl Collector for Snapshot {
             "Time in those syncs (the store's sync latency).",
             qcow2().map(|(l, m)| (l, seconds(m.sync_ns))),
         )?;
+        counter(
+            enc,
+            "mqblk_qcow2_cow_writes_total",
+            "New clusters a qcow2 export's worker built for a guest write of part of them (the rest copied from the backing image, or zeros).",
+            qcow2().map(|(l, m)| (l, m.cow_writes)),
+        )?;
+        counter(
+            enc,
+            "mqblk_qcow2_cow_writes_in_part_total",
+            "Of those, the ones written only in the guest's part: the rest was zeros, in file space that reads as zeros.",
+            qcow2().map(|(l, m)| (l, m.cow_writes_in_part)),
+        )?;
         gauge(
             enc,
             "mqblk_connected_frontends",
@@ -495,6 +507,8 @@ mod tests {
                 write_back_ns: 1_500_000_000,
                 syncs: 4,
                 sync_ns: 250_000_000,
+                cow_writes: 30,
+                cow_writes_in_part: 20,
             }),
             failure: (id == "b").then(|| "mqblk-io0-b: panicked: test".into()),
             counters: IoCounters::default(),
@@ -629,6 +643,8 @@ mod tests {
             ("mqblk_qcow2_write_back_seconds_total", "1.5"),
             ("mqblk_qcow2_syncs_total", "4"),
             ("mqblk_qcow2_sync_seconds_total", "0.25"),
+            ("mqblk_qcow2_cow_writes_total", "30"),
+            ("mqblk_qcow2_cow_writes_in_part_total", "20"),
         ] {
             assert_eq!(samples(&text, name), vec![(r#"export="b"}"#, v)], "{name}");
         }

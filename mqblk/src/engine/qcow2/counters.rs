@@ -32,6 +32,12 @@ pub struct MetadataCounters {
     pub syncs: u64,
     /// Time spent in those syncs, in nanoseconds.
     pub sync_ns: u64,
+    /// New clusters the worker built for a guest write of part of them (copy-on-write: the
+    /// guest's data, and the rest from the backing image or zeros).
+    pub cow_writes: u64,
+    /// Of those, the ones written only in the guest's part: the rest was zeros and the cluster
+    /// landed in file space that reads as zeros (`fresh_space`).
+    pub cow_writes_in_part: u64,
 }
 
 impl MetadataCounters {
@@ -43,12 +49,16 @@ impl MetadataCounters {
             write_back_ns,
             syncs,
             sync_ns,
+            cow_writes,
+            cow_writes_in_part,
         } = other;
         self.requests += requests;
         self.write_backs += write_backs;
         self.write_back_ns += write_back_ns;
         self.syncs += syncs;
         self.sync_ns += sync_ns;
+        self.cow_writes += cow_writes;
+        self.cow_writes_in_part += cow_writes_in_part;
     }
 }
 
@@ -60,6 +70,8 @@ pub struct Counters {
     write_back_ns: AtomicU64,
     syncs: AtomicU64,
     sync_ns: AtomicU64,
+    cow_writes: AtomicU64,
+    cow_writes_in_part: AtomicU64,
 }
 
 impl Counters {
@@ -82,6 +94,14 @@ impl Counters {
             .fetch_add(nanos_since(began), Ordering::Relaxed);
     }
 
+    /// A new cluster was written for a guest write of part of it; `in_part`: only that part.
+    pub fn wrote_cow(&self, in_part: bool) {
+        self.cow_writes.fetch_add(1, Ordering::Relaxed);
+        if in_part {
+            self.cow_writes_in_part.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// What they say now.
     pub fn load(&self) -> MetadataCounters {
         MetadataCounters {
@@ -90,6 +110,8 @@ impl Counters {
             write_back_ns: self.write_back_ns.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             sync_ns: self.sync_ns.load(Ordering::Relaxed),
+            cow_writes: self.cow_writes.load(Ordering::Relaxed),
+            cow_writes_in_part: self.cow_writes_in_part.load(Ordering::Relaxed),
         }
     }
 }

@@ -9,6 +9,9 @@
 //! it, and then hands imago one write of the whole cluster, which imago maps without copying
 //! anything: one write under the table's lock instead of three I/Os. The cluster is built in a
 //! buffer of the worker's registered region ([`cluster_buffers`](super::cluster_buffers)).
+//! Where the rest is zeros and the cluster lands in file space that reads as zeros
+//! ([`fresh_space`](super::fresh_space)), only the guest's part is written: a 4 KiB write into
+//! a new image's 64 KiB cluster writes 4 KiB, not 64.
 //!
 //! Between reading the rest and writing the cluster, nothing else may change the cluster, or
 //! the stale rest would overwrite it. Every metadata-path write holds its clusters
@@ -17,6 +20,7 @@
 //! every write holds shared.
 
 use std::io;
+use std::ops::Range;
 use std::os::fd::RawFd;
 
 use imago::io_buffers::IoVector;
@@ -48,6 +52,9 @@ pub async fn write_into_new_cluster(
         return None;
     }
     let mut cluster = ClusterBuffer::take(size as usize, image.access.mem_align().max(4096))?;
+    let guest = offset - start..offset - start + len;
+    // Whether every byte of the cluster outside the guest's part reads as zeros.
+    let mut rest_is_zeros = true;
     let mut at = start;
     while at < start + size {
         let (target, n) = resolve(&image.access, at, start + size - at).await.ok()?;
@@ -61,6 +68,9 @@ pub async fn write_into_new_cluster(
             Target::Zeros => dst.fill(0),
             Target::File { layer, offset, .. } if layer > 0 => {
                 read_full(image.layer_fd(layer)?, dst, offset).await.ok()?;
+                // (A hole in a raw base reads as zeros as well as an unallocated cluster.)
+                let within_guest = guest.start <= at - start && at - start + n <= guest.end;
+                rest_is_zeros &= within_guest || is_zeros(dst);
             }
             // In the top image: written in place by imago.
             Target::File { .. } => return None,
@@ -77,43 +87,64 @@ pub async fn write_into_new_cluster(
         cluster.bytes_mut()[at..at + n].copy_from_slice(&d[..n]);
         at += n;
     }
-    let whole = || {
-        let mut whole = IoVector::with_capacity(1);
-        whole.push(cluster.bytes());
-        whole
-    };
+    // Where the rest is zeros and the cluster lands in fresh file space, only the guest's
+    // part (out to the file's alignment) needs writing.
+    let align = image.access.req_align().max(image.access.mem_align()) as u64;
+    let part = rest_is_zeros.then(|| {
+        let from = (guest.start / align * align).min(size) as usize;
+        from..guest.end.next_multiple_of(align).min(size) as usize
+    });
     // The whole cluster is data (`data_writes`).
     let _data = data_writes::register(&[cluster.bytes()]);
-    Some(write_cluster(image, whole, start, size).await)
+    let written = write_cluster(image, cluster.bytes(), part, start).await;
+    if let Ok(in_part) = written {
+        image.counters.wrote_cow(in_part);
+    }
+    Some(written.map(drop))
 }
 
-/// Writes `whole`, the new contents of the cluster at guest `start` (`size` bytes), and maps
-/// the cluster: mapped first and written after where it may be
-/// ([`early_maps`](super::early_maps)), so that
-/// imago's lock of the L2 table is not held through the write.
-async fn write_cluster<'a>(
+/// Writes `cluster`, the new contents of the cluster at guest `start`, and maps it: mapped
+/// first and written after where it may be ([`early_maps`](super::early_maps)), so that
+/// imago's lock of the L2 table is not held through the write. `part`: the bytes of
+/// `cluster` outside it are zeros, so where the new cluster lands in fresh file space
+/// ([`RingFile::is_fresh`](super::storage::RingFile::is_fresh)), only `part` is written.
+/// Returns whether only `part` was.
+async fn write_cluster(
     image: &Image,
-    whole: impl Fn() -> IoVector<'a>,
+    cluster: &[u8],
+    part: Option<Range<usize>>,
     start: u64,
-    size: u64,
-) -> io::Result<()> {
+) -> io::Result<bool> {
+    let size = cluster.len() as u64;
+    let whole = || one_buffer(cluster);
     let Some(order) = image.write_order.as_deref() else {
-        return image.access.writev(whole(), start).await;
+        return image.access.writev(whole(), start).await.map(|()| false);
     };
     let mapping = image.access.prepare_data_mapping(start, size, true).await?;
     let (storage, at) = (mapping.storage(), mapping.offset());
     if mapping.length() < size {
         // Not one cluster (cannot be, for a cluster-aligned range): imago's own write.
         drop(mapping);
-        return image.access.writev(whole(), start).await;
+        return image.access.writev(whole(), start).await.map(|()| false);
     }
     // Room for the cluster first: a full filesystem fails this request alone, before its
     // mapping exists (dropped, imago frees the cluster), not a write after it.
     storage.grow_for(at, at + size)?;
+    // Asked once the file has grown over the cluster; nothing else writes the cluster until
+    // its write below (imago gave it to this request alone).
+    let (at, bytes, in_part) = match part.filter(|_| storage.is_fresh(at, size)) {
+        Some(part) => (at + part.start as u64, &cluster[part], true),
+        None => (at, cluster, false),
+    };
+    let whole = || one_buffer(bytes);
     let Some(early) = order.begin_early() else {
         // An L2 table write waits for the early ones: data first, as imago does.
         storage.writev(whole(), at).await?;
-        return image.access.commit_data_mapping(mapping).await;
+        return image
+            .access
+            .commit_data_mapping(mapping)
+            .await
+            .map(|()| in_part);
     };
     image.access.commit_data_mapping(mapping).await?;
     test_hooks::BEFORE_EARLY_DATA.wait().await;
@@ -129,7 +160,24 @@ async fn write_cluster<'a>(
         ));
     }
     drop(early);
-    written
+    written.map(|()| in_part)
+}
+
+/// Whether `bytes` are all zeros (a word at a time: backing data is rarely zeros, and then
+/// its first word says so).
+fn is_zeros(bytes: &[u8]) -> bool {
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    words
+        .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+        .all(|w| w == 0)
+        && tail.iter().all(|&b| b == 0)
+}
+
+fn one_buffer(bytes: &[u8]) -> IoVector<'_> {
+    let mut v = IoVector::with_capacity(1);
+    v.push(bytes);
+    v
 }
 
 /// Fills `buf` from `fd` at `offset`; past the end of the file, with zeros.
@@ -144,4 +192,21 @@ async fn read_full(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<()> {
         done += n;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn is_zeros_looks_at_every_byte_whatever_its_alignment() {
+        let mut buf = vec![0u8; 4096 + 3];
+        for (start, end) in [(0, 4099), (1, 4099), (3, 17), (5, 5)] {
+            assert!(super::is_zeros(&buf[start..end]));
+        }
+        for at in [0, 1, 7, 8, 2048, 4098] {
+            buf[at] = 1;
+            assert!(!super::is_zeros(&buf[..]), "a byte at {at}");
+            assert!(!super::is_zeros(&buf[at..]), "the first byte, at {at}");
+            buf[at] = 0;
+        }
+    }
 }

@@ -35,6 +35,7 @@ mod data_writes;
 mod dirty_mark;
 mod early_maps;
 mod executor;
+mod fresh_space;
 mod image;
 mod jobs;
 mod locks;

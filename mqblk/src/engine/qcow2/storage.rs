@@ -25,6 +25,7 @@ use imago::{Storage, StorageOpenOptions};
 
 use super::counters::Counters;
 use super::data_writes;
+use super::fresh_space::FreshSpace;
 use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
@@ -115,6 +116,8 @@ pub struct RingFile {
     prealloc: bool,
     /// What was taken ahead of writes, against what was written past the file's end.
     growth: GrowthBudget,
+    /// What past the file's length at open still reads as zeros.
+    fresh: FreshSpace,
     /// Which writes may stay plain (the top image's; without it every write but guest data is
     /// written through).
     order: Option<Arc<WriteOrder>>,
@@ -157,6 +160,7 @@ impl RingFile {
             size: AtomicU64::new(size),
             prealloc: writable,
             growth: GrowthBudget::new(size),
+            fresh: FreshSpace::new(size),
             order: None,
             tables,
             syncing: futures::lock::Mutex::new(()),
@@ -261,6 +265,13 @@ impl RingFile {
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether `offset..offset + len` lies within the file and reads as zeros, untouched since
+    /// the file grew over it ([`FreshSpace`]): a new cluster there needs only its nonzero
+    /// part written.
+    pub fn is_fresh(&self, offset: u64, len: u64) -> bool {
+        offset + len <= self.size.load(Ordering::Acquire) && self.fresh.is_fresh(offset, len)
     }
 
     fn grown_to(&self, end: u64) {
@@ -464,6 +475,7 @@ impl Storage for RingFile {
     }
 
     async unsafe fn pure_writev(&self, mut bufv: IoVector<'_>, mut offset: u64) -> io::Result<()> {
+        self.fresh.touch(offset, bufv.len());
         self.grow_for(offset, offset + bufv.len())?;
         while !bufv.is_empty() {
             // SAFETY: as for the read.
@@ -483,6 +495,7 @@ impl Storage for RingFile {
     async unsafe fn pure_write_zeroes(&self, offset: u64, length: u64) -> io::Result<()> {
         // Without KEEP_SIZE a range past the end grows the file (never shrinks it); where the
         // filesystem cannot, imago writes zeroes itself (`Unsupported`).
+        self.fresh.touch(offset, length);
         self.fallocate(libc::FALLOC_FL_ZERO_RANGE, offset, length)?;
         self.grown_to(offset + length);
         Ok(())
@@ -495,6 +508,7 @@ impl Storage for RingFile {
 
     async unsafe fn pure_discard(&self, offset: u64, length: u64) -> io::Result<()> {
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        self.fresh.touch(offset, length);
         match self.fallocate(mode, offset, length) {
             // Discarding is advice: a filesystem that cannot punch keeps the data.
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Ok(()),
@@ -542,6 +556,8 @@ impl Storage for RingFile {
 
     async fn resize(&self, new_size: u64, prealloc_mode: PreallocateMode) -> io::Result<()> {
         let current = self.size.load(Ordering::Acquire);
+        // imago may map preallocated clusters there, which the I/O threads then write.
+        self.fresh.touch(current, new_size.saturating_sub(current));
         if new_size > current && prealloc_mode == PreallocateMode::Allocate {
             self.fallocate(0, current, new_size - current)?;
         } else if new_size > current && prealloc_mode == PreallocateMode::WriteData {
