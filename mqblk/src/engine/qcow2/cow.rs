@@ -116,7 +116,7 @@ async fn write_cluster(
     start: u64,
 ) -> io::Result<bool> {
     let size = cluster.len() as u64;
-    let whole = || one_buffer(cluster);
+    let whole = || IoVector::from(cluster);
     let Some(order) = image.write_order.as_deref() else {
         return image.access.writev(whole(), start).await.map(|()| false);
     };
@@ -136,7 +136,7 @@ async fn write_cluster(
         Some(part) => (at + part.start as u64, &cluster[part], true),
         None => (at, cluster, false),
     };
-    let whole = || one_buffer(bytes);
+    let whole = || IoVector::from(bytes);
     let Some(early) = order.begin_early() else {
         // An L2 table write waits for the early ones: data first, as imago does.
         storage.writev(whole(), at).await?;
@@ -172,12 +172,6 @@ fn is_zeros(bytes: &[u8]) -> bool {
         .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
         .all(|w| w == 0)
         && tail.iter().all(|&b| b == 0)
-}
-
-fn one_buffer(bytes: &[u8]) -> IoVector<'_> {
-    let mut v = IoVector::with_capacity(1);
-    v.push(bytes);
-    v
 }
 
 /// Fills `buf` from `fd` at `offset`; past the end of the file, with zeros.
