@@ -25,6 +25,23 @@ fn bench_ok(args: &[&str], out: &Path) -> String {
     stdout
 }
 
+/// One short sample of 4 KiB random writes at iodepth 8, on one job, over a 16 MiB image: each
+/// allocates clusters in a qcow2 image, so `qemu-img check` after it sees metadata mqblk wrote.
+const TINY_RANDWRITE: [&str; 12] = [
+    "--workloads",
+    "randwrite-4k",
+    "--jobs",
+    "1",
+    "--iodepth",
+    "8",
+    "--runtime",
+    "0.3",
+    "--repeat",
+    "1",
+    "--size",
+    "16M",
+];
+
 #[test]
 fn bench_runs_a_tiny_null_configuration_end_to_end() {
     let dir = TestDir::new();
@@ -118,31 +135,21 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
     let out = dir.path().join("out");
     let stdout = bench_ok(
         &[
-            "--backend",
-            "mqblk",
-            "--engine",
-            "uring",
-            "--read-first",
-            "--format",
-            "qcow2-overlay",
-            "--mode",
-            "per-queue",
-            "--workloads",
-            "randwrite-4k",
-            "--jobs",
-            "1",
-            "--iodepth",
-            "8",
-            "--runtime",
-            "0.3",
-            "--repeat",
-            "1",
-            "--size",
-            "16M",
-            "--mqblk-opts=",
-            "--mqblk-opts",
-            "format=raw",
-        ],
+            &[
+                "--backend",
+                "mqblk",
+                "--engine",
+                "uring",
+                "--read-first",
+                "--format",
+                "qcow2-overlay",
+                "--mode",
+                "per-queue",
+            ][..],
+            &TINY_RANDWRITE,
+            &["--mqblk-opts=", "--mqblk-opts", "format=raw"],
+        ]
+        .concat(),
         &out,
     );
     // --read-first read the raw image (16 MiB) before the first sample.
@@ -192,27 +199,19 @@ fn bench_serves_an_empty_qcow2_image_made_anew_for_each_backend() {
     let out = dir.path().join("out");
     bench_ok(
         &[
-            "--backend",
-            "mqblk,qsd",
-            "--engine",
-            "uring",
-            "--format",
-            "qcow2-empty",
-            "--mode",
-            "mq",
-            "--workloads",
-            "randwrite-4k",
-            "--jobs",
-            "1",
-            "--iodepth",
-            "8",
-            "--runtime",
-            "0.3",
-            "--repeat",
-            "1",
-            "--size",
-            "16M",
-        ],
+            &[
+                "--backend",
+                "mqblk,qsd",
+                "--engine",
+                "uring",
+                "--format",
+                "qcow2-empty",
+                "--mode",
+                "mq",
+            ][..],
+            &TINY_RANDWRITE,
+        ]
+        .concat(),
         &out,
     );
     let text = std::fs::read_to_string(out.join("results.json")).unwrap();

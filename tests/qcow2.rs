@@ -2259,6 +2259,20 @@ fn write_into_clusters(c: &mut Client, clusters: &[u64], before: &mut [u8]) {
     }
 }
 
+/// Each of `clusters` (guest cluster numbers) reads back through `c` as `expected` holds it:
+/// the writes, and around them the base's data or zeros (never stale bytes).
+fn assert_clusters_read_back(c: &mut Client, clusters: &[u64], expected: &[u8]) {
+    let mut got = vec![0u8; CLUSTER as usize];
+    for &n in clusters {
+        let start = n * CLUSTER;
+        c.read(0, start, &mut got).unwrap();
+        assert!(
+            got == expected[start as usize..(start + CLUSTER) as usize],
+            "cluster {n} reads back through mqblk"
+        );
+    }
+}
+
 /// A write into part of a new cluster whose rest is zeros (past the end of a shorter base, or
 /// over zeros in it) is written alone, without the zeros, where the cluster lands in file
 /// space the daemon grew the file over; where the rest comes from the base, the cluster is
@@ -2297,15 +2311,9 @@ fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale
         "the clusters over the base's data written whole, those past it or over its zeros in \
          part: {before:?} -> {after:?}"
     );
-    for &n in past_base.iter().chain(&over_base).chain(&[zeros_in_base]) {
-        let start = n * CLUSTER;
-        let mut got = vec![0u8; CLUSTER as usize];
-        c.read(0, start, &mut got).unwrap();
-        assert!(
-            got == expected[start as usize..(start + CLUSTER) as usize],
-            "cluster {n} reads back through mqblk"
-        );
-    }
+    let written: Vec<u64> = past_base.iter().chain(&over_base).copied().collect();
+    assert_clusters_read_back(&mut c, &written, &expected);
+    assert_clusters_read_back(&mut c, &[zeros_in_base], &expected);
     c.flush(0).unwrap();
     drop(c);
     d.terminate();
@@ -2336,15 +2344,7 @@ fn a_new_cluster_reads_zeros_around_a_write_past_a_shorter_base_and_over_a_stale
     let clusters: Vec<u64> = (0..24).map(|i| 2 * i + 1).collect();
     write_into_clusters(&mut c, &clusters, &mut expected);
     let counted = cow_counters(&mut api, "stale");
-    for &n in &clusters {
-        let start = n * CLUSTER;
-        let mut got = vec![0u8; CLUSTER as usize];
-        c.read(0, start, &mut got).unwrap();
-        assert!(
-            got == expected[start as usize..(start + CLUSTER) as usize],
-            "cluster {n} reads back through mqblk (no stale bytes around the write)"
-        );
-    }
+    assert_clusters_read_back(&mut c, &clusters, &expected);
     c.flush(0).unwrap();
     drop(c);
     d.terminate();
