@@ -190,44 +190,51 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
     );
 }
 
-/// `--format qcow2-empty`: both backends serve an empty qcow2 image of the raw image's size,
-/// without a backing file, made anew before each sample (so each sample allocates from
-/// nothing), and `qemu-img check` finds it consistent after each.
+/// `--format qcow2-empty` and `qcow2-metadata`: both backends serve a new qcow2 image of the raw
+/// image's size, without a backing file, made anew before each sample (so each sample starts
+/// from nothing: no cluster allocated, or every one mapped over a sparse file), and `qemu-img
+/// check` finds it consistent after each.
 #[test]
-fn bench_serves_an_empty_qcow2_image_made_anew_for_each_backend() {
-    let dir = TestDir::new();
-    let out = dir.path().join("out");
-    bench_ok(
-        &[
+fn bench_serves_new_qcow2_images_made_anew_for_each_backend() {
+    for (format, file, preallocation) in [
+        ("qcow2-empty", "empty.qcow2", "off"),
+        ("qcow2-metadata", "metadata.qcow2", "metadata"),
+    ] {
+        let dir = TestDir::new();
+        let out = dir.path().join("out");
+        bench_ok(
             &[
-                "--backend",
-                "mqblk,qsd",
-                "--engine",
-                "uring",
-                "--format",
-                "qcow2-empty",
-                "--mode",
-                "mq",
-            ][..],
-            &TINY_RANDWRITE,
-        ]
-        .concat(),
-        &out,
-    );
-    let text = std::fs::read_to_string(out.join("results.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(v["options"]["format"], "qcow2-empty");
-    let points = v["points"].as_array().unwrap();
-    assert_eq!(points.len(), 2, "{text}");
-    assert!(
-        points.iter().all(|p| p["format"] == "qcow2-empty"),
-        "{text}"
-    );
-    let image = out.join("empty.qcow2");
-    for log in ["logs/mqblk.log", "logs/qsd.log"] {
-        let log = std::fs::read_to_string(out.join(log)).unwrap();
-        // Made anew, 16 MiB, with no backing file.
-        let made = format!("\"{}\" \"16777216\"", image.display());
-        assert!(log.contains(&made) && !log.contains("\"-b\""), "{log}");
+                &[
+                    "--backend",
+                    "mqblk,qsd",
+                    "--engine",
+                    "uring",
+                    "--format",
+                    format,
+                    "--mode",
+                    "mq",
+                ][..],
+                &TINY_RANDWRITE,
+            ]
+            .concat(),
+            &out,
+        );
+        let text = std::fs::read_to_string(out.join("results.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["options"]["format"], format);
+        let points = v["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2, "{text}");
+        assert!(points.iter().all(|p| p["format"] == format), "{text}");
+        let image = out.join(file);
+        for log in ["logs/mqblk.log", "logs/qsd.log"] {
+            let log = std::fs::read_to_string(out.join(log)).unwrap();
+            // Made anew, 16 MiB, with no backing file, preallocated as the format says.
+            let made = format!("\"{}\" \"16777216\"", image.display());
+            let options = format!("preallocation={preallocation}\"");
+            assert!(
+                log.contains(&made) && log.contains(&options) && !log.contains("\"-b\""),
+                "{format}: {log}"
+            );
+        }
     }
 }

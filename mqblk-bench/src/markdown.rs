@@ -86,6 +86,11 @@ impl BenchResults {
                 "qcow2-empty: an empty empty.qcow2 (64 KiB clusters) of the raw image's size, \
                  without a backing file, made anew before every sample",
             ),
+            ImageFormat::Qcow2Metadata => Some(
+                "qcow2-metadata: a new metadata.qcow2 (64 KiB clusters) of the raw image's size, \
+                 without a backing file, every cluster mapped over a sparse file \
+                 (`preallocation=metadata`), made anew before every sample",
+            ),
         };
         if let Some(image) = image {
             let _ = writeln!(

@@ -68,9 +68,11 @@ pub struct BenchArgs {
     /// qcow2 (OUT/disk.qcow2, converted from the raw image by qemu-img with every cluster
     /// allocated: the mapping of each request is what it adds), qcow2-overlay (an empty
     /// OUT/overlay.qcow2 over the raw image, made anew before every sample: backing reads,
-    /// cluster allocation and copy-on-write) or qcow2-empty (an empty OUT/empty.qcow2 without
+    /// cluster allocation and copy-on-write), qcow2-empty (an empty OUT/empty.qcow2 without
     /// a backing file, made anew before every sample: a new VM disk, whose new clusters are
-    /// zeros around each first write). A `--mqblk-opts` variant with `format=raw`
+    /// zeros around each first write) or qcow2-metadata (the same new disk created with
+    /// `preallocation=metadata`, OUT/metadata.qcow2: every cluster mapped over a sparse file, so
+    /// no write allocates a cluster). A `--mqblk-opts` variant with `format=raw`
     /// serves the raw image instead, to compare the two in one run. QSD gets an l2-cache-size
     /// that maps the whole image, as mqblk's mapping cache does. Needs qemu-img.
     #[arg(long, default_value = "raw")]
@@ -195,6 +197,9 @@ pub enum ImageFormat {
     Qcow2Overlay,
     /// An empty qcow2 image without a backing file, made anew before every sample.
     Qcow2Empty,
+    /// A new qcow2 image without a backing file whose clusters are all mapped
+    /// (`preallocation=metadata`), made anew before every sample.
+    Qcow2Metadata,
 }
 
 impl ImageFormat {
@@ -205,17 +210,21 @@ impl ImageFormat {
             ImageFormat::Qcow2 => "qcow2",
             ImageFormat::Qcow2Overlay => "qcow2-overlay",
             ImageFormat::Qcow2Empty => "qcow2-empty",
+            ImageFormat::Qcow2Metadata => "qcow2-metadata",
         }
     }
 
     /// Whether every sample starts from an image made anew (empty).
     pub fn made_per_sample(self) -> bool {
-        matches!(self, ImageFormat::Qcow2Overlay | ImageFormat::Qcow2Empty)
+        matches!(
+            self,
+            ImageFormat::Qcow2Overlay | ImageFormat::Qcow2Empty | ImageFormat::Qcow2Metadata
+        )
     }
 }
 
 /// The values `--format` takes, for error messages.
-pub const FORMATS: &str = "raw, qcow2, qcow2-overlay or qcow2-empty";
+pub const FORMATS: &str = "raw, qcow2, qcow2-overlay, qcow2-empty or qcow2-metadata";
 
 impl FromStr for ImageFormat {
     type Err = String;
@@ -225,6 +234,7 @@ impl FromStr for ImageFormat {
             "qcow2" => Ok(ImageFormat::Qcow2),
             "qcow2-overlay" => Ok(ImageFormat::Qcow2Overlay),
             "qcow2-empty" => Ok(ImageFormat::Qcow2Empty),
+            "qcow2-metadata" => Ok(ImageFormat::Qcow2Metadata),
             _ => Err(format!("unknown format {s:?}: use {FORMATS}")),
         }
     }
@@ -666,6 +676,8 @@ mod tests {
         assert_eq!(o.format, ImageFormat::Qcow2Overlay);
         let o = test_options("--engine uring --format qcow2-empty").unwrap();
         assert_eq!(o.format, ImageFormat::Qcow2Empty);
+        let o = test_options("--engine uring --format qcow2-metadata").unwrap();
+        assert_eq!(o.format, ImageFormat::Qcow2Metadata);
         let e = test_options("--engine uring --format vmdk").unwrap_err();
         assert!(e.contains("--format") && e.contains(FORMATS), "{e}");
         let e = test_options("--format qcow2").unwrap_err();

@@ -82,14 +82,15 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2, overlay.qcow2 or
-/// empty.qcow2.
+/// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2, overlay.qcow2,
+/// empty.qcow2 or metadata.qcow2.
 pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
     match opts.format {
         ImageFormat::Raw => None,
         ImageFormat::Qcow2 => Some(opts.out.join("disk.qcow2")),
         ImageFormat::Qcow2Overlay => Some(opts.out.join("overlay.qcow2")),
         ImageFormat::Qcow2Empty => Some(opts.out.join("empty.qcow2")),
+        ImageFormat::Qcow2Metadata => Some(opts.out.join("metadata.qcow2")),
     }
 }
 
@@ -97,8 +98,8 @@ pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
 /// sample that served it is followed by a `qemu-img check`, [`check_qcow2`]): for
 /// qcow2 a copy with every cluster allocated (`qemu-img convert -S 0`: zero blocks are
 /// written too), made anew on every run so that it holds the raw image's data; for
-/// qcow2-overlay and qcow2-empty a first empty image (made anew before every sample,
-/// [`create_empty`]).
+/// qcow2-overlay, qcow2-empty and qcow2-metadata a first new image (made anew before every
+/// sample, [`create_empty`]).
 pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
     let Some(image) = qcow2_image(opts) else {
         return Ok(());
@@ -126,9 +127,10 @@ pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("syncing {}", image.display()))
 }
 
-/// Makes `image` anew, empty, for `format` (qcow2-overlay or qcow2-empty): over the raw image
-/// `raw` (by its absolute path, so that the overlay opens from anywhere), or of its size
-/// without a backing file. Returns the command, for the log.
+/// Makes `image` anew, holding no data, for `format` (qcow2-overlay, qcow2-empty or
+/// qcow2-metadata): over the raw image `raw` (by its absolute path, so that the overlay opens
+/// from anywhere), or of its size without a backing file (every cluster mapped, for
+/// qcow2-metadata). Returns the command, for the log.
 pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Result<String> {
     let raw = std::path::absolute(raw).with_context(|| format!("{}", raw.display()))?;
     match std::fs::remove_file(image) {
@@ -138,8 +140,13 @@ pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Re
         _ => {}
     }
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2", "-o"])
-        .arg(format!("cluster_size={QCOW2_CLUSTER}"));
+    let preallocation = match format {
+        ImageFormat::Qcow2Metadata => "metadata",
+        _ => "off",
+    };
+    cmd.args(["create", "-q", "-f", "qcow2", "-o"]).arg(format!(
+        "cluster_size={QCOW2_CLUSTER},preallocation={preallocation}"
+    ));
     match format {
         ImageFormat::Qcow2Overlay => cmd.args(["-F", "raw", "-b"]).arg(&raw).arg(image),
         _ => {

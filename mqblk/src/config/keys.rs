@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 
+use super::preallocation::Preallocation;
 use super::qcow2::{self, BackingFormat, ImageFormat, MetadataCommit};
 use super::qos::{limit_key, Bucket, Limit, QosConfig, MAX_BURST_LENGTH, MAX_RATE};
 use super::rbd;
@@ -333,6 +334,13 @@ const GENERAL: &[Key] = &[
         MetadataCommit { "write" => Write, "flush" => Flush },
         "write or flush",
         "format=qcow2: when a write into a new cluster has its mapping written to the image file: `write` (default) before the write completes, so a crash of mqblk loses no acknowledged write (a guest that reconnects finds them all); `flush` at the guest's next flush, as QEMU does (faster allocating writes; a crash loses those since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); needs a qcow2 v3 image",
+    ),
+    choice_key!(
+        "preallocation",
+        preallocation,
+        Preallocation { "off" => Off, "metadata" => Metadata, "falloc" => Falloc, "full" => Full },
+        "off, metadata, falloc or full",
+        "engine=uring: how the space of an image mqblk creates (`size=` on a missing `path`) or grows (`export_resize`) is provided, as qemu-img's `-o preallocation=`: `off` (default) sparse; `metadata` (format=qcow2) every cluster mapped at once, so no write allocates; `falloc` that and the file's space reserved; `full` that and zeros written over it; an overlay takes only `off`",
     ),
     rbd_name_key!(
         "pool",

@@ -6,6 +6,7 @@
 
 pub mod file;
 pub mod keys;
+pub mod preallocation;
 pub mod qcow2;
 pub mod qos;
 pub mod rbd;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 pub use file::{config_toml, parse_config_file, write_atomically};
+pub use preallocation::Preallocation;
 pub use qcow2::{ImageFormat, Qcow2Config};
 pub use qos::QosConfig;
 pub use rbd::RbdConfig;
@@ -173,6 +175,8 @@ pub struct ExportConfig {
     pub format: ImageFormat,
     /// The qcow2 settings (format=qcow2).
     pub qcow2: Qcow2Config,
+    /// How the space of an image file mqblk creates or grows is provided (engine=uring).
+    pub preallocation: Preallocation,
 }
 
 impl Default for ExportConfig {
@@ -198,6 +202,7 @@ impl Default for ExportConfig {
             rbd: RbdConfig::default(),
             format: ImageFormat::Raw,
             qcow2: Qcow2Config::default(),
+            preallocation: Preallocation::Off,
         }
     }
 }
@@ -312,6 +317,17 @@ impl ExportConfig {
             self.qcow2.check()?;
         } else {
             self.refuse_keys(qcow2::KEYS, "only format=qcow2 takes this key")?;
+        }
+        if self.engine == EngineKind::Uring {
+            if self.qcow2.backing.is_some() {
+                self.refuse_keys(&["preallocation"], preallocation::OVERLAY)?;
+            }
+            self.preallocation.check(self.format)?;
+        } else {
+            self.refuse_keys(
+                &["preallocation"],
+                "only engine=uring creates and grows image files",
+            )?;
         }
         if self.engine != EngineKind::Rbd {
             self.refuse_keys(rbd::KEYS, "only engine=rbd takes this key")?;
@@ -484,6 +500,35 @@ mod tests {
             parse_export_spec("socket=s,path=p").unwrap().tuning,
             Tuning::default()
         );
+    }
+
+    #[test]
+    fn preallocation_names_what_each_image_takes() {
+        let c = parse_export_spec("socket=s,path=p,size=1M,preallocation=falloc").unwrap();
+        assert_eq!(c.preallocation, Preallocation::Falloc);
+        let c = parse_export_spec("socket=s,path=p,format=qcow2,preallocation=metadata").unwrap();
+        assert_eq!(c.preallocation, Preallocation::Metadata);
+        for (spec, says) in [
+            (
+                "socket=s,path=p,preallocation=sparse",
+                "invalid preallocation=sparse: off, metadata, falloc or full",
+            ),
+            (
+                "socket=s,path=p,preallocation=metadata",
+                "invalid preallocation=metadata: a raw image takes off, falloc or full",
+            ),
+            (
+                "socket=s,path=p,format=qcow2,backing=b,backing-format=raw,preallocation=full",
+                "invalid preallocation=full: an overlay (backing=) takes only preallocation=off",
+            ),
+            (
+                "socket=s,engine=mem,size=1M,preallocation=full",
+                "invalid preallocation=full: only engine=uring creates and grows image files",
+            ),
+        ] {
+            let e = parse_export_spec(spec).unwrap_err().to_string();
+            assert!(e.contains(says), "{spec}: {e}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! of [`EngineKind`](crate::config::EngineKind) and its `engine=` value in
 //! [`config::keys`](crate::config::keys), and a line in [`open`].
 
+mod file_space;
 pub mod image_lock;
 mod mem;
 mod null;
@@ -388,7 +389,13 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
                 .path
                 .as_deref()
                 .expect("config checked: uring has a path");
-            Box::new(uring::open_file(path, cfg.size, cfg.readonly, cfg.direct)?)
+            Box::new(uring::open_file(
+                path,
+                cfg.size,
+                cfg.readonly,
+                cfg.direct,
+                cfg.preallocation,
+            )?)
         }
         EngineKind::Nvme => {
             let path = cfg

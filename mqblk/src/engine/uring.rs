@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
+use super::file_space::{self, DirectBuf};
 use super::image_lock::{ImageLock, Perms};
 use super::{Channel, Engine, Op, OpenError, ResizeError, Started};
+use crate::config::Preallocation;
 
 /// The opcodes of the entries [`UringChannel::entry`] builds, which its thread's ring allows.
 pub const OPCODES: &[u8] = &[
@@ -42,6 +44,8 @@ pub struct UringEngine {
     host_cached: bool,
     /// QEMU's locks on the file, held while the engine lives (a memfd has none).
     lock: Option<ImageLock>,
+    /// How `export_resize` provides the space it adds.
+    preallocation: Preallocation,
 }
 
 impl UringEngine {
@@ -54,6 +58,7 @@ impl UringEngine {
             name,
             host_cached: false,
             lock: None,
+            preallocation: Preallocation::Off,
         }
     }
 }
@@ -86,7 +91,9 @@ impl Engine for UringEngine {
         let new = match size {
             Some(s) if is_blk && s != actual => return Err(ResizeError::BlockDevice { actual }),
             Some(s) => {
-                if s != actual {
+                if s > actual {
+                    file_space::grow(&self.file, actual, s, self.preallocation)?;
+                } else if s < actual {
                     self.file.set_len(s)?;
                 }
                 s
@@ -245,10 +252,6 @@ pub fn blockdev_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
-/// A buffer aligned for any O_DIRECT transfer.
-#[repr(C, align(4096))]
-struct DirectBuf([u8; 4096]);
-
 /// Finds the smallest block size (512 or 4096) that O_DIRECT accepts on `file`.
 pub(crate) fn probe_direct_block_size(file: &File, capacity: u64) -> u32 {
     let mut buf = Box::new(DirectBuf([0; 4096]));
@@ -268,6 +271,7 @@ pub(super) fn open_file(
     size: Option<u64>,
     readonly: bool,
     direct: bool,
+    preallocation: Preallocation,
 ) -> Result<UringEngine, OpenError> {
     let shown = || path.display().to_string();
     let meta = match std::fs::metadata(path) {
@@ -287,7 +291,10 @@ pub(super) fn open_file(
             .create_new(true)
             .open(path)
             .map_err(|e| ioerr("cannot create", path, e))?;
-        f.set_len(sz).map_err(|e| ioerr("cannot size", path, e))?;
+        if let Err(e) = file_space::grow(&f, 0, sz, preallocation).and_then(|()| f.sync_all()) {
+            let _ = std::fs::remove_file(path);
+            return Err(ioerr("cannot size", path, e));
+        }
     }
     let mut opts = OpenOptions::new();
     opts.read(true).write(!readonly);
@@ -338,5 +345,6 @@ pub(super) fn open_file(
     let mut engine = UringEngine::new(file, capacity, block_size, "uring");
     engine.host_cached = !direct;
     engine.lock = Some(lock);
+    engine.preallocation = preallocation;
     Ok(engine)
 }

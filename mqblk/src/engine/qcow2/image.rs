@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::executor::block_on;
 use imago::file::File as ImagoFile;
+use imago::format::PreallocateMode;
 use imago::qcow2::Qcow2;
 use imago::raw::Raw;
 use imago::{
@@ -23,6 +24,7 @@ use imago::{
 };
 
 use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
+use crate::config::Preallocation;
 use crate::engine::image_lock::{ImageLock, Perms};
 use crate::engine::{FailureReport, OpenError};
 use crate::format::qcow2::header::{self, Layer};
@@ -510,8 +512,13 @@ fn virtual_size(path: &Path, format: BackingFormat) -> Result<u64, OpenError> {
 
 /// Creates the qcow2 image `path`, which must not exist: `size` bytes (with `backing`, the
 /// backing image's size unless given), clusters of `cfg.cluster_size`, over `cfg.backing` if
-/// given. Returns its size.
-pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, OpenError> {
+/// given, its clusters provided as `preallocation` says. Returns its size.
+pub fn create(
+    path: &Path,
+    size: Option<u64>,
+    cfg: &Qcow2Config,
+    preallocation: Preallocation,
+) -> Result<u64, OpenError> {
     let backing = match (&cfg.backing, cfg.backing_format) {
         (Some(name), Some(format)) => {
             // Recorded as given: a relative name is relative to the overlay's directory.
@@ -543,7 +550,8 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
         .map_err(io_err("cannot create", path))?;
     let mut builder = Qcow2::<ImagoFile>::create_builder(imago_file(file, path, true, false)?)
         .size(size)
-        .cluster_size(cfg.cluster_size as usize);
+        .cluster_size(cfg.cluster_size as usize)
+        .preallocate(imago_preallocation(preallocation));
     if let Some((name, format, _)) = backing {
         builder = builder.backing(name, format.name().to_string());
     }
@@ -552,6 +560,18 @@ pub fn create(path: &Path, size: Option<u64>, cfg: &Qcow2Config) -> Result<u64, 
         return Err(io_err("cannot create", path)(e));
     }
     Ok(size)
+}
+
+/// imago's name for what `preallocation=` asks of the clusters a qcow2 image gains.
+pub fn imago_preallocation(p: Preallocation) -> PreallocateMode {
+    match p {
+        Preallocation::Off => PreallocateMode::None,
+        // Mapped, the file's space left as the storage provides it (a hole, or what mqblk's
+        // storage reserves as it grows the file).
+        Preallocation::Metadata => PreallocateMode::FormatAllocate,
+        Preallocation::Falloc => PreallocateMode::FullAllocate,
+        Preallocation::Full => PreallocateMode::WriteData,
+    }
 }
 
 /// Refuses `backing=` on an image that exists with another backing file (or none): mqblk

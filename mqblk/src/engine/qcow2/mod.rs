@@ -59,7 +59,7 @@ use futures::executor::block_on;
 use rustix::event::{eventfd, EventfdFlags};
 
 use crate::config::qcow2::{BackingFormat, MetadataCommit, Qcow2Config};
-use crate::config::ExportConfig;
+use crate::config::{ExportConfig, Preallocation};
 use crate::engine::image_lock::LockError;
 use crate::engine::{
     self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
@@ -100,6 +100,8 @@ pub struct Qcow2Engine {
     l2_cache_size: u64,
     table_memory_max: u64,
     metadata_commit: MetadataCommit,
+    /// How `resize` provides the clusters it adds.
+    preallocation: Preallocation,
     writable: bool,
     direct: bool,
     /// Names the metadata worker's thread.
@@ -130,7 +132,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         if cfg.readonly {
             return Err(Qcow2Error::SizeNeeded(path.display().to_string()).into());
         }
-        image::create(path, cfg.size, &cfg.qcow2)?;
+        image::create(path, cfg.size, &cfg.qcow2, cfg.preallocation)?;
     } else {
         image::check_backing(path, &cfg.qcow2)?;
     }
@@ -211,6 +213,7 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         l2_cache_size: cfg.qcow2.l2_cache_size,
         table_memory_max: cfg.qcow2.table_memory_max,
         metadata_commit: cfg.qcow2.metadata_commit,
+        preallocation: cfg.preallocation,
         writable: !cfg.readonly,
         direct: cfg.direct,
         worker_name,
@@ -320,7 +323,7 @@ impl Qcow2Engine {
             table_memory_max: self.table_memory_max,
             metadata_commit: self.metadata_commit,
         };
-        image::create(overlay, Some(old.access.size()), &cfg)?;
+        image::create(overlay, Some(old.access.size()), &cfg, Preallocation::Off)?;
         let opened = header::chain(overlay, self.table_memory_max, false)
             .map_err(OpenError::from)
             .and_then(|layers| {
@@ -464,7 +467,7 @@ impl Engine for Qcow2Engine {
                 block_on(
                     image
                         .access
-                        .resize_grow(s, imago::format::PreallocateMode::None),
+                        .resize_grow(s, image::imago_preallocation(self.preallocation)),
                 )?;
                 block_on(image.access.flush())?;
                 block_on(image.access.sync())?;
