@@ -179,3 +179,28 @@ fn a_raw_file_created_with_preallocation_takes_its_space_and_keeps_the_mode_when
         assert_bytes_eq(&std::fs::read(&img).unwrap(), &expected, 0, mode);
     }
 }
+
+/// An image that exists keeps the space it has, whatever `preallocation=` says, and the log
+/// says so: the key is for images mqblk creates and what it adds to them.
+#[test]
+fn an_existing_image_keeps_its_space_and_the_log_says_why() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.raw");
+    File::create(&img).unwrap().set_len(SIZE).unwrap();
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img).set("preallocation", "full");
+    let mut d = Daemon::start(&dir, &[export]);
+    let log = d.log();
+    d.stop();
+    assert!(
+        allocated(&img) < SIZE / 2,
+        "{} bytes allocated",
+        allocated(&img)
+    );
+    assert!(
+        log.contains(
+            "keeps the space it has: preallocation=full applies to an image mqblk creates"
+        ),
+        "{log}"
+    );
+}

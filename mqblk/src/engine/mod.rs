@@ -24,10 +24,11 @@ pub(crate) mod uring;
 
 use std::io;
 use std::os::fd::RawFd;
+use std::path::Path;
 
 use io_uring::squeue;
 
-use crate::config::{EngineKind, ExportConfig, ImageFormat};
+use crate::config::{keys, EngineKind, ExportConfig, ImageFormat, Preallocation};
 
 pub use null::NullEngine;
 pub use uring::{blockdev_size, rw_entry, UringEngine};
@@ -380,6 +381,9 @@ pub enum OpenError {
 /// Opens the storage of an export.
 pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
     let size = cfg.size.unwrap_or(0);
+    if let Some(path) = cfg.path.as_deref().filter(|p| p.exists()) {
+        note_kept_allocation(path, cfg);
+    }
     Ok(match cfg.engine {
         EngineKind::Null => Box::new(NullEngine::new(size, cfg.read_zeroes)),
         EngineKind::Mem => Box::new(mem::open(size)?),
@@ -410,6 +414,22 @@ pub fn open(cfg: &ExportConfig) -> Result<Box<dyn Engine>, OpenError> {
         #[cfg(not(feature = "rbd"))]
         EngineKind::Rbd => return Err(OpenError::NotBuilt("rbd")),
     })
+}
+
+/// Says that `preallocation=` leaves the existing image `path` as it is: an operator who gave
+/// it may expect the image to be preallocated.
+fn note_kept_allocation(path: &Path, cfg: &ExportConfig) {
+    if cfg.preallocation == Preallocation::Off {
+        return;
+    }
+    let given = keys::key("preallocation")
+        .and_then(|k| k.show(cfg))
+        .unwrap_or_default();
+    tracing::info!(
+        path = %path.display(),
+        "the image exists and keeps the space it has: preallocation={given} applies to an image \
+         mqblk creates and to what export_resize adds"
+    );
 }
 
 /// The bytes an operation's iovecs describe.
