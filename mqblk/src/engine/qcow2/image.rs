@@ -555,7 +555,10 @@ pub fn create(
     if let Some((name, format, _)) = backing {
         builder = builder.backing(name, format.name().to_string());
     }
-    if let Err(e) = block_on(builder.create()) {
+    // imago wrote through the page cache: synced here, a preallocated image's gigabytes are not
+    // left for the served image's direct I/O to wait on (nor for a power loss to cut short).
+    let created = block_on(builder.create()).and_then(|()| std::fs::File::open(path)?.sync_all());
+    if let Err(e) = created {
         let _ = std::fs::remove_file(path);
         return Err(io_err("cannot create", path)(e));
     }
