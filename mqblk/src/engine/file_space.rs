@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{self, IoSlice};
 
 use rustix::fs::FallocateFlags;
+use rustix::io::Errno;
 
 use crate::config::Preallocation;
 
@@ -25,25 +26,34 @@ pub fn grow(file: &File, from: u64, to: u64, mode: Preallocation) -> io::Result<
     }
     match mode {
         Preallocation::Off | Preallocation::Metadata => file.set_len(to),
-        Preallocation::Falloc => reserve(file, from, to),
+        Preallocation::Falloc => reserve(file, from, to).map_err(|e| {
+            let hint = match e {
+                Errno::OPNOTSUPP | Errno::NOSYS => {
+                    ": this filesystem does not take preallocation=falloc; full writes zeros \
+                     instead, off leaves the file sparse"
+                }
+                _ => "",
+            };
+            io::Error::new(
+                io::Error::from(e).kind(),
+                format!("cannot reserve the file's space with fallocate ({e}){hint}"),
+            )
+        }),
         Preallocation::Full => {
-            reserve(file, from, to)?;
+            // Reserved first so the writes land side by side; where the filesystem cannot
+            // reserve, the writes alone take the space.
+            match reserve(file, from, to) {
+                Err(Errno::OPNOTSUPP | Errno::NOSYS) => file.set_len(to)?,
+                other => other?,
+            }
             write_zeros(file, from, to)
         }
     }
 }
 
 /// Reserves `from..to` with `fallocate` (the file's size grows to `to`).
-fn reserve(file: &File, from: u64, to: u64) -> io::Result<()> {
-    rustix::fs::fallocate(file, FallocateFlags::empty(), from, to - from).map_err(|e| {
-        io::Error::new(
-            io::Error::from(e).kind(),
-            format!(
-                "cannot reserve the file's space with fallocate ({e}); this filesystem does not \
-                 take preallocation=falloc or full: use preallocation=off"
-            ),
-        )
-    })
+fn reserve(file: &File, from: u64, to: u64) -> rustix::io::Result<()> {
+    rustix::fs::fallocate(file, FallocateFlags::empty(), from, to - from)
 }
 
 /// Writes zeros over `from..to`.
@@ -60,7 +70,7 @@ fn write_zeros(file: &File, mut from: u64, to: u64) -> io::Result<()> {
         match rustix::io::pwritev(file, &iovs, from) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => from += n as u64,
-            Err(rustix::io::Errno::INVAL) => {
+            Err(Errno::INVAL) => {
                 tracing::warn!(
                     offset = from,
                     "preallocation=full: the store refused a direct write of zeros here (its \
@@ -68,7 +78,7 @@ fn write_zeros(file: &File, mut from: u64, to: u64) -> io::Result<()> {
                 );
                 return Ok(());
             }
-            Err(rustix::io::Errno::INTR) => {}
+            Err(Errno::INTR) => {}
             Err(e) => return Err(e.into()),
         }
     }
