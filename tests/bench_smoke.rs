@@ -190,15 +190,16 @@ fn bench_serves_a_qcow2_overlay_and_the_raw_image_side_by_side() {
     );
 }
 
-/// `--format qcow2-empty` and `qcow2-metadata`: both backends serve a new qcow2 image of the raw
-/// image's size, without a backing file, made anew before each sample (so each sample starts
-/// from nothing: no cluster allocated, or every one mapped over a sparse file), and `qemu-img
-/// check` finds it consistent after each.
+/// `--format qcow2-empty`, `qcow2-metadata` and `qcow2-falloc`: both backends serve a new qcow2
+/// image of the raw image's size, without a backing file, made anew before each sample (so
+/// each sample starts from nothing: no cluster allocated, or every one mapped over a sparse or
+/// reserved file), and `qemu-img check` finds it consistent after each.
 #[test]
 fn bench_serves_new_qcow2_images_made_anew_for_each_backend() {
     for (format, file, preallocation) in [
         ("qcow2-empty", "empty.qcow2", "off"),
         ("qcow2-metadata", "metadata.qcow2", "metadata"),
+        ("qcow2-falloc", "falloc.qcow2", "falloc"),
     ] {
         let dir = TestDir::new();
         let out = dir.path().join("out");

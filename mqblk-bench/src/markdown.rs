@@ -91,6 +91,11 @@ impl BenchResults {
                  without a backing file, every cluster mapped over a sparse file \
                  (`preallocation=metadata`), made anew before every sample",
             ),
+            ImageFormat::Qcow2Falloc => Some(
+                "qcow2-falloc: a new falloc.qcow2 (64 KiB clusters) of the raw image's size, \
+                 without a backing file, every cluster mapped and the file's space reserved \
+                 (`preallocation=falloc`), made anew before every sample",
+            ),
         };
         if let Some(image) = image {
             let _ = writeln!(

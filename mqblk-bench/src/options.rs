@@ -70,9 +70,10 @@ pub struct BenchArgs {
     /// OUT/overlay.qcow2 over the raw image, made anew before every sample: backing reads,
     /// cluster allocation and copy-on-write), qcow2-empty (an empty OUT/empty.qcow2 without
     /// a backing file, made anew before every sample: a new VM disk, whose new clusters are
-    /// zeros around each first write) or qcow2-metadata (the same new disk created with
+    /// zeros around each first write), qcow2-metadata (the same new disk created with
     /// `preallocation=metadata`, OUT/metadata.qcow2: every cluster mapped over a sparse file, so
-    /// no write allocates a cluster). A `--mqblk-opts` variant with `format=raw`
+    /// no write allocates a cluster) or qcow2-falloc (`preallocation=falloc`,
+    /// OUT/falloc.qcow2: mapped, and the file's space reserved). A `--mqblk-opts` variant with `format=raw`
     /// serves the raw image instead, to compare the two in one run. QSD gets an l2-cache-size
     /// that maps the whole image, as mqblk's mapping cache does. Needs qemu-img.
     #[arg(long, default_value = "raw")]
@@ -200,6 +201,8 @@ pub enum ImageFormat {
     /// A new qcow2 image without a backing file whose clusters are all mapped
     /// (`preallocation=metadata`), made anew before every sample.
     Qcow2Metadata,
+    /// The same, with the file's space reserved too (`preallocation=falloc`).
+    Qcow2Falloc,
 }
 
 impl ImageFormat {
@@ -211,6 +214,7 @@ impl ImageFormat {
             ImageFormat::Qcow2Overlay => "qcow2-overlay",
             ImageFormat::Qcow2Empty => "qcow2-empty",
             ImageFormat::Qcow2Metadata => "qcow2-metadata",
+            ImageFormat::Qcow2Falloc => "qcow2-falloc",
         }
     }
 
@@ -218,13 +222,16 @@ impl ImageFormat {
     pub fn made_per_sample(self) -> bool {
         matches!(
             self,
-            ImageFormat::Qcow2Overlay | ImageFormat::Qcow2Empty | ImageFormat::Qcow2Metadata
+            ImageFormat::Qcow2Overlay
+                | ImageFormat::Qcow2Empty
+                | ImageFormat::Qcow2Metadata
+                | ImageFormat::Qcow2Falloc
         )
     }
 }
 
 /// The values `--format` takes, for error messages.
-pub const FORMATS: &str = "raw, qcow2, qcow2-overlay, qcow2-empty or qcow2-metadata";
+pub const FORMATS: &str = "raw, qcow2, qcow2-overlay, qcow2-empty, qcow2-metadata or qcow2-falloc";
 
 impl FromStr for ImageFormat {
     type Err = String;
@@ -235,6 +242,7 @@ impl FromStr for ImageFormat {
             "qcow2-overlay" => Ok(ImageFormat::Qcow2Overlay),
             "qcow2-empty" => Ok(ImageFormat::Qcow2Empty),
             "qcow2-metadata" => Ok(ImageFormat::Qcow2Metadata),
+            "qcow2-falloc" => Ok(ImageFormat::Qcow2Falloc),
             _ => Err(format!("unknown format {s:?}: use {FORMATS}")),
         }
     }
@@ -678,6 +686,8 @@ mod tests {
         assert_eq!(o.format, ImageFormat::Qcow2Empty);
         let o = test_options("--engine uring --format qcow2-metadata").unwrap();
         assert_eq!(o.format, ImageFormat::Qcow2Metadata);
+        let o = test_options("--engine uring --format qcow2-falloc").unwrap();
+        assert_eq!(o.format, ImageFormat::Qcow2Falloc);
         let e = test_options("--engine uring --format vmdk").unwrap_err();
         assert!(e.contains("--format") && e.contains(FORMATS), "{e}");
         let e = test_options("--format qcow2").unwrap_err();

@@ -83,7 +83,7 @@ pub fn check_tools(opts: &BenchOptions) -> anyhow::Result<()> {
 }
 
 /// The qcow2 image a `--format` other than raw serves, in OUT: disk.qcow2, overlay.qcow2,
-/// empty.qcow2 or metadata.qcow2.
+/// empty.qcow2, metadata.qcow2 or falloc.qcow2.
 pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
     match opts.format {
         ImageFormat::Raw => None,
@@ -91,6 +91,7 @@ pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
         ImageFormat::Qcow2Overlay => Some(opts.out.join("overlay.qcow2")),
         ImageFormat::Qcow2Empty => Some(opts.out.join("empty.qcow2")),
         ImageFormat::Qcow2Metadata => Some(opts.out.join("metadata.qcow2")),
+        ImageFormat::Qcow2Falloc => Some(opts.out.join("falloc.qcow2")),
     }
 }
 
@@ -98,7 +99,7 @@ pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
 /// sample that served it is followed by a `qemu-img check`, [`check_qcow2`]): for
 /// qcow2 a copy with every cluster allocated (`qemu-img convert -S 0`: zero blocks are
 /// written too), made anew on every run so that it holds the raw image's data; for
-/// qcow2-overlay, qcow2-empty and qcow2-metadata a first new image (made anew before every
+/// qcow2-overlay, qcow2-empty, qcow2-metadata and qcow2-falloc a first new image (made anew before every
 /// sample, [`create_empty`]).
 pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
     let Some(image) = qcow2_image(opts) else {
@@ -128,9 +129,9 @@ pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
 }
 
 /// Makes `image` anew, holding no data, for `format` (qcow2-overlay, qcow2-empty or
-/// qcow2-metadata): over the raw image `raw` (by its absolute path, so that the overlay opens
-/// from anywhere), or of its size without a backing file (every cluster mapped, for
-/// qcow2-metadata). Returns the command, for the log.
+/// qcow2-metadata, qcow2-falloc): over the raw image `raw` (by its absolute path, so that the
+/// overlay opens from anywhere), or of its size without a backing file (every cluster mapped,
+/// for qcow2-metadata and qcow2-falloc). Returns the command, for the log.
 pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Result<String> {
     let raw = std::path::absolute(raw).with_context(|| format!("{}", raw.display()))?;
     match std::fs::remove_file(image) {
@@ -142,6 +143,7 @@ pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Re
     let mut cmd = Command::new("qemu-img");
     let preallocation = match format {
         ImageFormat::Qcow2Metadata => "metadata",
+        ImageFormat::Qcow2Falloc => "falloc",
         _ => "off",
     };
     cmd.args(["create", "-q", "-f", "qcow2", "-o"]).arg(format!(
