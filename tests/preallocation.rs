@@ -50,6 +50,25 @@ fn written(path: &Path) -> u64 {
     data
 }
 
+/// That `img` takes at least `len` bytes of the filesystem exactly when `mode` reserves or
+/// writes its space (`falloc`, `full`), and that `full` wrote them (no more than the image's
+/// metadata left as holes).
+fn assert_space(img: &Path, mode: &str, len: u64, when: &str) {
+    let takes_space = mode == "falloc" || mode == "full";
+    assert_eq!(
+        allocated(img) >= len,
+        takes_space,
+        "{mode} {when}: {} bytes of the file allocated",
+        allocated(img)
+    );
+    if mode == "full" {
+        assert!(
+            written(img) >= len,
+            "{mode} {when}: zeros written, not reserved"
+        );
+    }
+}
+
 /// `[write_backs, cow_writes]` of export `id`'s metadata path.
 fn allocation_counters(api: &mut support::api::Api, id: &str) -> [u64; 2] {
     let got = api.ok("export_get", serde_json::json!({ "id": id }));
@@ -81,16 +100,7 @@ fn a_qcow2_image_created_with_preallocation_maps_every_cluster_and_no_write_allo
             if preallocated { SIZE } else { 0 },
             "{mode}: guest bytes mapped at creation"
         );
-        let takes_space = mode == "falloc" || mode == "full";
-        assert_eq!(
-            allocated(&img) >= SIZE,
-            takes_space,
-            "{mode}: {} bytes of the file allocated",
-            allocated(&img)
-        );
-        if mode == "full" {
-            assert!(written(&img) >= SIZE, "{mode}: zeros written, not reserved");
-        }
+        assert_space(&img, mode, SIZE, "at creation");
 
         let mut c = Client::connect(&sock, 1).unwrap();
         let mut expected = vec![0u8; GROWN as usize];
@@ -149,14 +159,9 @@ fn a_raw_file_created_with_preallocation_takes_its_space_and_keeps_the_mode_when
             .set("preallocation", mode);
         let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
         let check_space = |len: u64, when: &str| {
-            let takes_space = mode != "off";
-            assert_eq!(
-                allocated(&img) >= len,
-                takes_space,
-                "{mode} {when}: {} bytes allocated",
-                allocated(&img)
-            );
+            assert_space(&img, mode, len, when);
             if mode == "full" {
+                // A raw file is all data: no byte of it left a hole.
                 assert_eq!(written(&img), len, "{mode} {when}: zeros written");
             }
         };
