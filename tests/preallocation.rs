@@ -209,3 +209,47 @@ fn an_existing_image_keeps_its_space_and_the_log_says_why() {
         "{log}"
     );
 }
+
+/// After a runtime snapshot the export writes an overlay, which takes no preallocation (its
+/// unallocated clusters show the backing image): `export_resize` then grows it as `off`
+/// would, rather than failing on the export's `preallocation=`.
+#[test]
+fn a_preallocated_export_grows_its_snapshot_overlay_unpreallocated() {
+    let dir = TestDir::new();
+    let img = dir.join("disk.qcow2");
+    let overlay = dir.join("overlay.qcow2");
+    let sock = dir.join("s.sock");
+    let export = Export::file(&sock, &img)
+        .set("id", "vm")
+        .set("format", "qcow2")
+        .set("size", &SIZE.to_string())
+        .set("preallocation", "metadata");
+    let (mut d, mut api) = support::api::daemon_with_api(&dir, &[export]);
+    api.ok(
+        "export_snapshot",
+        serde_json::json!({"id": "vm", "overlay": overlay.display().to_string()}),
+    );
+    let status = api.ok(
+        "export_resize",
+        serde_json::json!({"id": "vm", "size": GROWN.to_string()}),
+    );
+    assert_eq!(status["capacity"], GROWN, "{status}");
+    let mut c = Client::connect(&sock, 1).unwrap();
+    let at = GROWN - 4096;
+    let data = pattern(4096, at, 0x9d);
+    c.write(0, at, &data).unwrap();
+    c.flush(0).unwrap();
+    drop(c);
+    d.stop();
+    assert_checks_clean(&overlay, false);
+    // The overlay maps only the cluster written; the base keeps its clusters mapped.
+    assert_eq!(mapped(&overlay), CLUSTER, "the overlay's own clusters");
+    assert_eq!(mapped(&img), SIZE, "the base's");
+    let back = read_through_qemu(&overlay, &dir.join("read.raw"));
+    assert_bytes_eq(
+        &back[at as usize..],
+        &data,
+        at,
+        "the write past the old end",
+    );
+}

@@ -464,10 +464,16 @@ impl Engine for Qcow2Engine {
                     // daemon, after it had written a refcount block over the header.)
                     Self::refresh_image(&image)?;
                 }
+                // An overlay (a snapshot's, or one served as it is) grows unpreallocated:
+                // clusters mapped ahead would hide its backing image's data.
+                let preallocation = match image.backing_files.is_empty() {
+                    true => self.preallocation,
+                    false => Preallocation::Off,
+                };
                 block_on(
                     image
                         .access
-                        .resize_grow(s, image::imago_preallocation(self.preallocation)),
+                        .resize_grow(s, image::imago_preallocation(preallocation)),
                 )?;
                 block_on(image.access.flush())?;
                 block_on(image.access.sync())?;
