@@ -99,8 +99,8 @@ pub fn qcow2_image(opts: &BenchOptions) -> Option<PathBuf> {
 /// sample that served it is followed by a `qemu-img check`, [`check_qcow2`]): for
 /// qcow2 a copy with every cluster allocated (`qemu-img convert -S 0`: zero blocks are
 /// written too), made anew on every run so that it holds the raw image's data; for
-/// qcow2-overlay, qcow2-empty, qcow2-metadata and qcow2-falloc a first new image (made anew before every
-/// sample, [`create_empty`]).
+/// qcow2-overlay, qcow2-empty, qcow2-metadata and qcow2-falloc a first new image (made anew
+/// before every sample, [`create_empty`]).
 pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
     let Some(image) = qcow2_image(opts) else {
         return Ok(());
@@ -128,8 +128,8 @@ pub fn prepare_qcow2(opts: &BenchOptions, raw: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("syncing {}", image.display()))
 }
 
-/// Makes `image` anew, holding no data, for `format` (qcow2-overlay, qcow2-empty or
-/// qcow2-metadata, qcow2-falloc): over the raw image `raw` (by its absolute path, so that the
+/// Makes `image` anew, holding no data, for `format` (qcow2-overlay, qcow2-empty,
+/// qcow2-metadata or qcow2-falloc): over the raw image `raw` (by its absolute path, so that the
 /// overlay opens from anywhere), or of its size without a backing file (every cluster mapped,
 /// for qcow2-metadata and qcow2-falloc). Returns the command, for the log.
 pub fn create_empty(format: ImageFormat, raw: &Path, image: &Path) -> anyhow::Result<String> {
