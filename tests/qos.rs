@@ -263,11 +263,12 @@ fn an_unlimited_export_keeps_its_rate_beside_a_limited_one() {
         lim.elapsed
     );
     // A limit that leaked to it would hold it near 1000 IOPS, under 2% of its rate alone. A
-    // thread spinning beside its two is caught by the CPU check below, not here: on this
-    // shared 2-vCPU machine other work alone has cost a half-second run a third of its rate
-    // (0.64x in one CI run), so the bound leaves room for that and still fails on a leak.
+    // thread spinning beside its two is caught by the CPU check below, not here: on the shared
+    // 2-vCPU CI machine other work alone has cost a half-second run over half its rate (0.64x
+    // in one CI run, 0.41x in another), so the bound leaves room for that, at still more than
+    // 40 times the limit, and fails on a leak.
     assert!(
-        beside >= 0.5 * alone,
+        beside >= 0.15 * alone,
         "the unlimited export fell from {alone:.0} to {beside:.0} IOPS"
     );
     // 1000 per second, after the bucket's initial tenth of a second's worth.
