@@ -410,16 +410,25 @@ fn write_through_mode_survives_a_daemon_crash_via_the_inflight_region() {
 /// cluster the thread had cached (its ring; `RWF_DSYNC` in write-through mode). imago keeps L2
 /// tables and refcounts in memory until written back: mqblk writes them to the image file
 /// before it completes a write that changed them (synced, too, in write-through mode), since a
-/// guest outlives mqblk (it reconnects, and only what had not completed is resubmitted).
+/// guest outlives mqblk (it reconnects, and only what had not completed is resubmitted). With
+/// `metadata-commit=journal` it records the mappings in the journal instead, which a daemon
+/// serving the image again replays.
 #[test]
 fn qcow2_acknowledged_writes_survive_sigkill_without_a_flush() {
-    for write_through in [false, true] {
+    let modes = [
+        (false, "write"),
+        (true, "write"),
+        (false, "journal"),
+        (true, "journal"),
+    ];
+    for (write_through, commit) in modes {
         let dir = TestDir::new();
         let img = dir.join("disk.qcow2");
         let sock = dir.join("q.sock");
         let export = Export::file(&sock, &img)
             .set("format", "qcow2")
-            .set("size", &SIZE.to_string());
+            .set("size", &SIZE.to_string())
+            .set("metadata-commit", commit);
         let mut d = Daemon::start(&dir, std::slice::from_ref(&export));
         let mut s = Session::open_features(&sock, 64, None, F_BLK_FLUSH | F_BLK_CONFIG_WCE);
         if write_through {
@@ -437,6 +446,10 @@ fn qcow2_acknowledged_writes_survive_sigkill_without_a_flush() {
         sigkill(&mut d);
         drop(s);
         drop(d);
+        if commit == "journal" {
+            // Replayed as it is served again.
+            Daemon::start(&dir, std::slice::from_ref(&export)).terminate();
+        }
         let back = read_through_qemu(&img, &dir.join("back.raw"));
         let lost: Vec<u64> = blocks
             .iter()
@@ -448,7 +461,8 @@ fn qcow2_acknowledged_writes_survive_sigkill_without_a_flush() {
             .collect();
         assert!(
             lost.is_empty(),
-            "write-through {write_through}: acknowledged writes lost at sectors {lost:?}"
+            "metadata-commit={commit}, write-through {write_through}: acknowledged writes \
+             lost at sectors {lost:?}"
         );
     }
 }
@@ -458,17 +472,19 @@ fn qcow2_acknowledged_writes_survive_sigkill_without_a_flush() {
 /// worker. The first completion to arrive is followed at once by a SIGKILL: what completed must
 /// read back. The in-place write relies on the mapping the other made, so it may complete only
 /// once that mapping is in the image file (before the fix, it completed first and its block
-/// read back as zeros after the kill).
+/// read back as zeros after the kill), or, with `metadata-commit=journal`, in the journal,
+/// which a daemon serving the image again replays.
 #[test]
 fn qcow2_a_write_into_a_cluster_being_allocated_survives_sigkill() {
-    for round in 0..6u64 {
+    for (round, commit) in (0..6u64).zip(["write", "journal"].into_iter().cycle()) {
         let dir = TestDir::new();
         let img = dir.join("disk.qcow2");
         let sock = dir.join("q.sock");
         let export = Export::file(&sock, &img)
             .queues(2)
             .set("format", "qcow2")
-            .set("size", &SIZE.to_string());
+            .set("size", &SIZE.to_string())
+            .set("metadata-commit", commit);
         let mut d = Daemon::start(&dir, std::slice::from_ref(&export));
         let mut c = Client::connect(&sock, 2).unwrap();
         let cluster = (round + 1) * (64 << 10);
@@ -497,6 +513,10 @@ fn qcow2_a_write_into_a_cluster_being_allocated_survives_sigkill() {
         sigkill(&mut d);
         drop(c);
         drop(d);
+        if commit == "journal" {
+            // Replayed as it is served again.
+            Daemon::start(&dir, std::slice::from_ref(&export)).terminate();
+        }
         let back = read_through_qemu(&img, &dir.join("back.raw"));
         let mut completed = 0;
         for (i, r) in done.iter().enumerate() {

@@ -47,6 +47,8 @@
 //! last mqblk has exited (before that, the metadata of writes since the guest's last flush may
 //! still be in mqblk's memory); `qemu-img check` must then exit 0 or 3 (leaked clusters only,
 //! which a SIGKILL may leave, as with QEMU).
+//! `guest_survives_backend_sigkill_and_restart_on_qcow2_with_the_metadata_journal` runs the
+//! qcow2 case with `metadata-commit=journal`, each restarted mqblk replaying the journal.
 //!
 //! Needs what `bash .ci/setup` installs: qemu-system-x86_64, qemu-img, busybox-static, fio, cpio,
 //! zstd or gzip, and the guest kernel and virtio_blk module under target/guest. Without them this
@@ -147,6 +149,14 @@ fn guest_survives_backend_sigkill_and_restart_on_qcow2() {
     reconnect_run(Disk::Qcow2);
 }
 
+/// The same with `metadata-commit=journal`: the mappings a write made are only in the journal
+/// beside the image when it completes, and each restarted mqblk replays them before the guest
+/// reconnects.
+#[test]
+fn guest_survives_backend_sigkill_and_restart_on_qcow2_with_the_metadata_journal() {
+    reconnect_run_with(Disk::Qcow2, "journal");
+}
+
 /// How the guest's disk is stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Disk {
@@ -174,6 +184,11 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The whole test (see the top of this file) on a disk stored as `disk`.
 fn reconnect_run(disk: Disk) {
+    reconnect_run_with(disk, "write");
+}
+
+/// The same, a qcow2 disk served with `metadata-commit=commit`.
+fn reconnect_run_with(disk: Disk, commit: &'static str) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let boot = GuestBoot::prepare("tests/guest/mkinitramfs-fio.sh");
@@ -182,8 +197,9 @@ fn reconnect_run(disk: Disk) {
     let mqblk = mqblk_from_env();
 
     let mut run = Run::new(seed, mqblk, disk);
+    run.metadata_commit = commit;
     eprintln!(
-        "guest reconnect test: {}; backend {}; {disk:?} disk; seed {seed}; {kills} kills; work \
+        "guest reconnect test: {}; backend {}; {disk:?} disk (metadata-commit={commit}); seed {seed}; {kills} kills; work \
          dir {}",
         boot.qemu_version,
         run.mqblk.display(),
@@ -695,6 +711,8 @@ struct Run {
     base: PathBuf,
     seed: u64,
     mqblk: PathBuf,
+    /// The qcow2 export's `metadata-commit=`.
+    metadata_commit: &'static str,
     backends: Vec<Backend>,
     kills: Vec<Kill>,
 }
@@ -711,6 +729,7 @@ impl Run {
             disk,
             seed,
             mqblk,
+            metadata_commit: "write",
             backends: Vec::new(),
             kills: Vec::new(),
         }
@@ -743,9 +762,10 @@ impl Run {
                 // overlay's directory.
                 let export = format!(
                     "socket={},path={},queues={QUEUES},format=qcow2,backing=base.raw,\
-                     backing-format=raw",
+                     backing-format=raw,metadata-commit={}",
                     self.dir.socket.display(),
-                    self.dir.image.display()
+                    self.dir.image.display(),
+                    self.metadata_commit
                 );
                 let mut cmd = std::process::Command::new(&self.mqblk);
                 cmd.env("NO_COLOR", "1")

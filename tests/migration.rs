@@ -50,7 +50,8 @@
 //! guest writes and unmarks it when QEMU stops its rings; during the first migration the
 //! destination's mqblk is SIGKILLed while the migration is held and restarted, and so opens the
 //! image while the live source serves it, marked if the guest allocated since its last flush,
-//! which the test records);
+//! which the test records); `migration_on_a_qcow2_image_with_metadata_commit_journal` (the
+//! same with `metadata-commit=journal`, whose journal beside the image both daemons open);
 //! `without_dirty_logging_the_check_fails` (ignored by `cargo test`; `.ci/run` runs it by
 //! name): the first scenario with both daemons started with `MQBLK_TEST_ONLY_SKIP_DIRTY_LOG=1`,
 //! which makes mqblk acknowledge logging but mark nothing: the cache check must find stale
@@ -179,12 +180,20 @@ fn migration_on_a_qcow2_image() {
 /// source has unmarked it.
 #[test]
 fn migration_on_a_qcow2_image_with_metadata_commit_flush() {
+    migration_marked_while_the_guest_writes("mqblk-migration-qcow2-flush.", "flush");
+}
+
+/// The same with `metadata-commit=journal`: the source also records each new mapping in the
+/// journal beside the image, which the destination, on the same host, opens as well; it begins
+/// the journal anew only once the source has written its tables back and unmarked the image.
+#[test]
+fn migration_on_a_qcow2_image_with_metadata_commit_journal() {
+    migration_marked_while_the_guest_writes("mqblk-migration-qcow2-journal.", "journal");
+}
+
+fn migration_marked_while_the_guest_writes(prefix: &str, commit: &'static str) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut run = Run::start(
-        "mqblk-migration-qcow2-flush.",
-        false,
-        Disk::Qcow2FlushCommit,
-    );
+    let mut run = Run::start(prefix, false, Disk::Qcow2MarkedCommit(commit));
     for (to, kills) in [(1, Kills::DestinationWhileHeld), (0, Kills::None)] {
         let r = run.migrate(to, kills);
         if kills == Kills::DestinationWhileHeld {
@@ -256,13 +265,14 @@ enum Disk {
     /// writes the last MiB, so it reads the commands, which the test writes into the base, from
     /// the base.
     Qcow2,
-    /// The same, served with `metadata-commit=flush`.
-    Qcow2FlushCommit,
+    /// The same, served with this `metadata-commit=` (`flush` or `journal`: the image marked
+    /// dirty while its file lacks mappings).
+    Qcow2MarkedCommit(&'static str),
 }
 
 impl Disk {
     fn is_qcow2(self) -> bool {
-        matches!(self, Disk::Qcow2 | Disk::Qcow2FlushCommit)
+        matches!(self, Disk::Qcow2 | Disk::Qcow2MarkedCommit(_))
     }
 }
 
@@ -304,9 +314,9 @@ impl Backend {
                 self.socket.display(),
                 image.display(),
                 match self.disk {
-                    Disk::Raw => "",
-                    Disk::Qcow2 => ",format=qcow2",
-                    Disk::Qcow2FlushCommit => ",format=qcow2,metadata-commit=flush",
+                    Disk::Raw => String::new(),
+                    Disk::Qcow2 => ",format=qcow2".into(),
+                    Disk::Qcow2MarkedCommit(c) => format!(",format=qcow2,metadata-commit={c}"),
                 }
             ));
         if skip_log {
@@ -501,7 +511,7 @@ impl Run {
     fn raw_file(&self) -> &Path {
         match self.disk {
             Disk::Raw => &self.dir.image,
-            Disk::Qcow2 | Disk::Qcow2FlushCommit => &self.base,
+            Disk::Qcow2 | Disk::Qcow2MarkedCommit(_) => &self.base,
         }
     }
 
@@ -553,7 +563,7 @@ impl Run {
         let mut failures = Vec::new();
         let view = match self.disk {
             Disk::Raw => self.dir.image.clone(),
-            Disk::Qcow2 | Disk::Qcow2FlushCommit => {
+            Disk::Qcow2 | Disk::Qcow2MarkedCommit(_) => {
                 let image = self.dir.image.display().to_string();
                 match qemu_img(&["check", "-f", "qcow2", &image]) {
                     Ok((code, text)) => {
@@ -583,7 +593,7 @@ impl Run {
         };
         let how = match self.disk {
             Disk::Raw => "in the image",
-            Disk::Qcow2 | Disk::Qcow2FlushCommit => "read through `qemu-img convert`",
+            Disk::Qcow2 | Disk::Qcow2MarkedCommit(_) => "read through `qemu-img convert`",
         };
         let data = match std::fs::read(&view) {
             Ok(d) => d,

@@ -723,6 +723,13 @@ fn a_runtime_snapshot_with_metadata_commit_flush_leaves_a_consistent_backup() {
     runtime_snapshot_under_load("flush");
 }
 
+/// The same with `metadata-commit=journal`: the snapshot writes the old image's tables back and
+/// closes its journal; the new top records its mappings in a journal of its own.
+#[test]
+fn a_runtime_snapshot_with_metadata_commit_journal_leaves_a_consistent_backup() {
+    runtime_snapshot_under_load("journal");
+}
+
 fn runtime_snapshot_under_load(commit: &str) {
     let dir = TestDir::new();
     let (img, sock, export) = new_qcow2(&dir, 2);

@@ -331,9 +331,9 @@ const GENERAL: &[Key] = &[
     choice_key!(
         "metadata-commit",
         qcow2.metadata_commit,
-        MetadataCommit { "write" => Write, "flush" => Flush },
-        "write or flush",
-        "format=qcow2: when a write into a new cluster has its mapping written to the image file: `write` (default) before the write completes, so a crash of mqblk loses no acknowledged write (a guest that reconnects finds them all); `flush` at the guest's next flush, as QEMU does (faster allocating writes; a crash loses those since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); needs a qcow2 v3 image",
+        MetadataCommit { "write" => Write, "flush" => Flush, "journal" => Journal },
+        "write, flush or journal",
+        "format=qcow2: when a write into a new cluster has its mapping written to the image file: `write` (default) before the write completes, so a crash of mqblk loses no acknowledged write (a guest that reconnects finds them all); `flush` at the guest's next flush, as QEMU does (faster allocating writes; a crash loses those since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); `journal` at the guest's next flush too, with each new mapping recorded before its write completes in a journal file beside the image (IMAGE.mqblk-journal), which mqblk replays when it serves the image again after its crash, so that none is lost (after a power loss the image holds its last flush); flush and journal need a qcow2 v3 image",
     ),
     choice_key!(
         "preallocation",

@@ -50,6 +50,20 @@ pub enum MetadataCommit {
     /// file meanwhile, so that a crashed daemon's image is refused, naming the loss, rather than
     /// served behind what its guest was told.
     Flush,
+    /// At the guest's next flush too, with each new cluster's mapping recorded before its write
+    /// completes in a journal file beside the image, which a daemon serving the image after a
+    /// crash replays: a crash of mqblk loses no acknowledged write, as in the default, and a
+    /// power loss leaves the image as of its last write-back, as with `Flush`
+    /// (`engine::qcow2::mapping_journal`).
+    Journal,
+}
+
+impl MetadataCommit {
+    /// Whether the tables are written back at the guest's flush (and the image marked dirty
+    /// meanwhile), rather than before each write completes.
+    pub fn at_flush(self) -> bool {
+        self != MetadataCommit::Write
+    }
 }
 
 /// A new image's cluster size unless `cluster-size=` says otherwise (qemu-img's default).

@@ -79,6 +79,8 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
         stats_file: opts.stats_file.as_deref(),
         tcp_server: opts.metrics.is_some(),
     };
+    // The boot id, which qcow2 journals record, is read before the sandbox closes /proc.
+    crate::engine::qcow2::mapping_journal::prepare();
     sandbox::enter(&opts.sandbox, &needs)?;
     // Bound before the exports start, so that a busy port fails the start at once.
     let mut metrics = match opts.metrics {

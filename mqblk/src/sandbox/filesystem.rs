@@ -21,7 +21,7 @@ use landlock::{
 };
 
 use super::{Error, Needs};
-use crate::config::qcow2::BackingFormat;
+use crate::config::qcow2::{BackingFormat, MetadataCommit};
 use crate::config::{EngineKind, ExportConfig, ImageFormat};
 use crate::format::qcow2;
 
@@ -228,6 +228,9 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
             }
             if cfg.format == ImageFormat::Qcow2 {
                 out.extend(backing_grants(cfg, image));
+                if !cfg.readonly && cfg.qcow2.metadata_commit == MetadataCommit::Journal {
+                    out.extend(journal_grant(image));
+                }
             }
         }
         EngineKind::Rbd => {
@@ -247,6 +250,24 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
         EngineKind::Null | EngineKind::Mem => {}
     }
     out
+}
+
+/// The metadata journal beside the qcow2 image `image`: read and written, or, while it does
+/// not exist, its directory, where mqblk creates it.
+fn journal_grant(image: &Path) -> Option<Grant> {
+    let journal = qcow2::journal_path(image);
+    match journal.canonicalize() {
+        Ok(path) => Some(Grant {
+            path,
+            access: WRITE_IMAGE,
+            what: "the metadata journal of the export's image",
+        }),
+        Err(_) => in_directory(
+            &journal,
+            WRITE_IMAGE | AccessFs::MakeReg,
+            "the directory of the export's image (for its metadata journal)",
+        ),
+    }
 }
 
 /// Read access to every image under the qcow2 image `image`: its backing chain as recorded,

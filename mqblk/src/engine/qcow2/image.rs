@@ -34,6 +34,7 @@ use super::counters::Counters;
 use super::dirty_mark::{self, DirtyMark};
 use super::locks::ClusterLocks;
 use super::mapping::{Target, MAX_LAYERS};
+use super::mapping_journal::{MappingJournal, Position};
 use super::storage::RingFile;
 use super::table_io::TableIo;
 use super::unpersisted::Unpersisted;
@@ -110,6 +111,9 @@ pub struct Image {
     /// metadata of completed writes. `None`: each write's metadata reaches the file before it
     /// completes.
     pub dirty: Option<DirtyMark>,
+    /// With `metadata-commit=journal` (and writable): where the mappings the file lacks are
+    /// recorded before their writes complete.
+    pub journal: Option<Mutex<MappingJournal>>,
     /// Set once the image is given up ([`Image::give_up`]).
     given_up: AtomicBool,
     /// Set once [`Image::mend_tables`] has succeeded: until then nothing may allocate in the
@@ -219,6 +223,31 @@ impl Image {
             .into_iter()
             .find(|f| f.write_order().is_some())
             .expect("a writable image's top file is ordered")
+    }
+
+    /// The journal, if the image has one.
+    pub fn journal(&self) -> Option<std::sync::MutexGuard<'_, MappingJournal>> {
+        self.journal
+            .as_ref()
+            .map(|j| j.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Where the journal's records end, read before a write-back: the records it covers.
+    pub fn journal_tail(&self) -> Option<Position> {
+        self.journal().map(|j| j.position())
+    }
+
+    /// After a write-back that began when the journal's tail was `upto` (and, if the image is
+    /// no longer marked dirty, the mark cleared): its records are dropped, and the journal
+    /// closed if nothing was recorded since.
+    pub fn journal_written_back(&self, upto: Option<Position>) {
+        let (Some(mut journal), Some(upto)) = (self.journal(), upto) else {
+            return;
+        };
+        journal.checkpoint(upto);
+        if !self.dirty.as_ref().is_some_and(DirtyMark::marked) {
+            journal.close_if_done(upto);
+        }
     }
 
     /// Whether every metadata-path write so far has its metadata on stable storage: only then
@@ -422,7 +451,7 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         header::unmark_dirty(&mut head);
     }
     let top = header::parse(path, &head)?;
-    let dirty = (!readonly && commit == MetadataCommit::Flush).then(DirtyMark::default);
+    let dirty = (!readonly && commit.at_flush()).then(DirtyMark::default);
     if dirty.is_some() && top.version < 3 {
         return Err(Qcow2Error::FlushCommitNeedsV3(path.display().to_string()).into());
     }
@@ -446,6 +475,13 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         Perms::QCOW2_WRITABLE
     };
     let top_lock = ImageLock::new(&file, path, perms)?;
+    let journal = match (writable, commit) {
+        (true, MetadataCommit::Journal) => Some(Mutex::new(
+            MappingJournal::open(path, &file, top.cluster_bits, true)
+                .map_err(io_err("cannot open the metadata journal of", path))?,
+        )),
+        _ => None,
+    };
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
         top_file = top_file
@@ -486,6 +522,7 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         write_order,
         tables,
         dirty,
+        journal,
         given_up: AtomicBool::new(false),
         mended: AtomicBool::new(false),
         failure_report: Arc::default(),
@@ -583,7 +620,10 @@ pub fn check_backing(path: &Path, cfg: &Qcow2Config) -> Result<(), OpenError> {
     let Some(wanted) = &cfg.backing else {
         return Ok(());
     };
-    let recorded = header::parse(path, &header::read_head(path)?)?.backing;
+    // A dirty image is refused (or replayed) once its chain is opened, not for this.
+    let mut head = header::read_head(path)?;
+    header::unmark_dirty(&mut head);
+    let recorded = header::parse(path, &head)?.backing;
     if recorded.as_deref() != Some(&*wanted.display().to_string()) {
         return Err(Qcow2Error::BackingDiffers {
             image: path.display().to_string(),

@@ -28,7 +28,10 @@
 //!
 //! With `metadata-commit=flush` a job's metadata waits for the guest's flush instead, as with
 //! QEMU's qcow2 driver, and a job completes once its data is written and the file is marked
-//! dirty ([`dirty_mark`](super::dirty_mark)), which the flush clears.
+//! dirty ([`dirty_mark`](super::dirty_mark)), which the flush clears. `metadata-commit=journal`
+//! does the same, and records the mappings a job made in the image's journal before the job
+//! completes ([`mapping_journal`](super::mapping_journal)); a job whose records do not fit
+//! waits for a write-back, as in the default mode, and a journal half full has one started.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -38,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use imago::io_buffers::{IoVector, IoVectorMut};
-use imago::Mapping;
+use imago::{Mapping, ShallowMapping};
 
 use rustix::event::{eventfd, EventfdFlags};
 
@@ -51,6 +54,7 @@ use super::image::{
 };
 use super::jobs::{Hint, IoVecs, Job, Jobs, ToSignal, Work};
 use super::mapping::Target;
+use super::mapping_journal::Mapped;
 use super::test_hooks;
 use super::uring_io;
 
@@ -152,6 +156,8 @@ enum Outcome {
     Performed(Box<Performed>),
     /// A group commit, done, with the jobs it persisted and its result.
     Committed(Vec<Performed>, io::Result<()>),
+    /// A write-back that made room in the journal, done.
+    JournalWrittenBack(io::Result<()>),
 }
 
 /// A job whose work is done, and what its reply will carry.
@@ -179,6 +185,7 @@ fn serve(
     let mut outcomes = Vec::new();
     let mut commits = GroupCommit::default();
     let mut to_signal = ToSignal::default();
+    let mut journal_write_back = false;
     let _give_up = GiveUpOnPanic(image);
     loop {
         if tasks.live() == 0 {
@@ -209,9 +216,21 @@ fn serve(
                         reply(image, p, &persisted);
                     }
                 }
+                Outcome::JournalWrittenBack(result) => {
+                    journal_write_back = false;
+                    if let Err(e) = result {
+                        // The jobs whose records do not fit write back themselves, and fail
+                        // with its error if it lasts.
+                        tracing::warn!(err = %e, "qcow2 metadata journal: write-back failed");
+                    }
+                }
             }
         }
         to_signal.signal_all();
+        if !journal_write_back && image.journal().is_some_and(|j| j.wants_write_back()) {
+            journal_write_back = true;
+            tasks.spawn(make_room_in_journal(image.clone()));
+        }
         let limit = match commits.take_due(tasks.live()) {
             Ok(batch) => {
                 tasks.spawn(commit(image.clone(), batch));
@@ -270,7 +289,7 @@ fn completes_now(image: &Image, p: &Performed) -> bool {
     match p.done.persist {
         Persist::Nothing => true,
         Persist::WriteBack => image.dirty.as_ref().is_some_and(|d| d.marked()),
-        Persist::Sync => false,
+        Persist::Tables | Persist::Sync => false,
     }
 }
 
@@ -309,12 +328,65 @@ async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
             });
         }
     }
+    // `metadata-commit=journal`: the mappings the job made (or relies on) recorded before it
+    // completes; where they cannot be, its tables are written back instead.
+    if done.result >= 0 && done.persist == Persist::WriteBack && image.journal.is_some() {
+        if let Some((offset, len)) = done.span {
+            if !journal_mappings(&image, offset, len).await {
+                done.persist = Persist::Tables;
+            }
+        }
+    }
     Outcome::Performed(Box::new(Performed {
         job,
         done,
         hints,
         epoch,
     }))
+}
+
+/// Records in the image's journal what every cluster of `offset..offset + len` maps to now;
+/// false if that cannot be recorded (a mapping a record cannot name, or no room).
+async fn journal_mappings(image: &Image, offset: u64, len: u64) -> bool {
+    let bits = image.cluster_bits;
+    let capacity = image.journal().map_or(0, |j| j.capacity());
+    let (first, end) = (
+        offset >> bits,
+        (offset + len.max(1)).next_multiple_of(1 << bits) >> bits,
+    );
+    if end - first > capacity {
+        return false;
+    }
+    let mut records = Vec::with_capacity((end - first) as usize);
+    let (mut at, end) = (first << bits, (end << bits).min(image.access.size()));
+    while at < end {
+        let Ok((mapping, n)) = image.access.get_shallow_mapping(at, end - at).await else {
+            return false;
+        };
+        if n == 0 {
+            return false;
+        }
+        for cluster in (at >> bits)..=((at + n - 1) >> bits) {
+            let mapped = match mapping {
+                ShallowMapping::Raw {
+                    offset: host,
+                    writable: true,
+                    ..
+                } => Mapped::Data(host + (cluster << bits) - at),
+                ShallowMapping::Zero { .. } => Mapped::Zero,
+                _ => return false,
+            };
+            records.push((cluster, mapped));
+        }
+        at += n;
+    }
+    image.journal().is_some_and(|mut j| j.append(&records))
+}
+
+/// Writes the tables back to make room in the journal, whose records it then drops.
+async fn make_room_in_journal(image: Arc<Image>) -> Outcome {
+    let changed = image.changed.fetch_add(1, Ordering::AcqRel) + 1;
+    Outcome::JournalWrittenBack(write_back(&image, changed).await)
 }
 
 /// A group commit: what the jobs of `batch` changed reaches the image file (and stable
@@ -331,7 +403,7 @@ async fn commit(image: Arc<Image>, batch: Vec<Performed>) -> Outcome {
         // `metadata-commit=flush`: the jobs complete once the file says it lacks their
         // metadata.
         (Persist::WriteBack, Some(dirty)) => dirty.mark(image.top_storage()).await,
-        (Persist::WriteBack, None) => write_back(&image, changed).await,
+        (Persist::WriteBack, None) | (Persist::Tables, _) => write_back(&image, changed).await,
         (Persist::Sync, _) => flush(&image).await,
     };
     Outcome::Committed(batch, persisted)
@@ -378,8 +450,11 @@ enum Persist {
     /// Nothing changed.
     #[default]
     Nothing,
-    /// Written to the image file (a crash of mqblk must not lose it).
+    /// Written to the image file (a crash of mqblk must not lose it), or, with
+    /// `metadata-commit=flush` or `journal`, the file marked dirty.
     WriteBack,
+    /// Written to the image file, whatever the mode (a journal could not record it).
+    Tables,
     /// On stable storage (a write-through write).
     Sync,
 }
@@ -406,6 +481,8 @@ struct Done {
     unpersisted: Option<Unpersisting>,
     /// A write that changed no mapping: the range it wrote.
     wrote: Option<(u64, u64)>,
+    /// A write or zeroing: the range it covered.
+    span: Option<(u64, u64)>,
     /// The range whose neighbourhood to send mappings of: `(offset, len)`, with `len` 0 for
     /// the window around `offset`.
     hint: Option<(u64, u64)>,
@@ -520,6 +597,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                     len: len as u64,
                 }),
                 wrote: (!changed).then_some((*offset, len as u64)),
+                span: Some((*offset, len as u64)),
                 // An allocation: only its own clusters (their neighbours are allocated one by
                 // one too); a miss: the window around it, as for a read.
                 hint: Some((*offset, if changed { len as u64 } else { 0 })),
@@ -538,6 +616,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
             let done = match zero(image, *offset, *len, *unmap).await {
                 Ok(()) => Done {
                     persist: Persist::WriteBack,
+                    span: Some((*offset, *len)),
                     ..Done::default()
                 },
                 Err(e) => failed(e),
@@ -597,10 +676,12 @@ async fn write_back(image: &Image, changed: u64) -> io::Result<()> {
         return Ok(());
     }
     let upto = image.changed.load(Ordering::Acquire);
+    let recorded = image.journal_tail();
     let began = Instant::now();
     image.access.flush().await?;
     image.counters.wrote_back(began);
     *written_back = upto;
+    image.journal_written_back(recorded);
     Ok(())
 }
 
@@ -608,6 +689,7 @@ async fn write_back(image: &Image, changed: u64) -> io::Result<()> {
 /// image's dirty mark, if nothing completed meanwhile).
 async fn flush(image: &Image) -> io::Result<()> {
     let answered = image.dirty.as_ref().map(|d| d.answered());
+    let recorded = image.journal_tail();
     let done = image.writes_done.load(Ordering::Acquire);
     // The data of new clusters reaches stable storage before the L2 entries that map them
     // through the sync the write order puts before the first L2 table written (`write_order`),
@@ -623,6 +705,7 @@ async fn flush(image: &Image) -> io::Result<()> {
             dirty.clear(image.top_storage(), before).await?;
         }
     }
+    image.journal_written_back(recorded);
     Ok(())
 }
 

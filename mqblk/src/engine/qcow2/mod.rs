@@ -38,8 +38,10 @@ mod executor;
 mod fresh_space;
 mod image;
 mod jobs;
+mod journal_replay;
 mod locks;
 mod mapping;
+pub mod mapping_journal;
 mod metadata;
 mod refcount_repair;
 mod storage;
@@ -145,20 +147,39 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
             path: path.display().to_string(),
             err,
         })?;
+    // `metadata-commit=journal`: a crash's mark, which the journal's records may cover
+    // (`journal_replay`), let through to be replayed once the image's locks are taken.
+    let crashed_journal = !cfg.readonly
+        && !marked_live
+        && commit == MetadataCommit::Journal
+        && header::marked_dirty_alone(&header::read_head(path)?);
+    if crashed_journal && !mapping_journal::path_for(path).exists() {
+        return Err(Qcow2Error::JournalMissing {
+            image: path.display().to_string(),
+            journal: mapping_journal::path_for(path).display().to_string(),
+        }
+        .into());
+    }
     // The chain's share of the daemon's budget, taken before imago loads any of its tables.
-    let layers = header::chain(path, cfg.qcow2.table_memory_max, marked_live)?;
+    let layers = header::chain(
+        path,
+        cfg.qcow2.table_memory_max,
+        marked_live || crashed_journal,
+    )?;
     let tables = table_budget::budget().lease(header::tables_bytes(&layers), path)?;
     let counters = Arc::new(Counters::default());
     let opts = image::TopOptions {
         readonly: cfg.readonly,
         direct: cfg.direct,
         commit,
-        marked_live,
+        marked_live: marked_live || crashed_journal,
         counters: counters.clone(),
     };
     let image = image::open(path, &layers, opts)?;
     match image.top_lock.take() {
         Ok(()) => {}
+        // No replay while another process has the image.
+        Err(e) if crashed_journal => return Err(e.into()),
         // A live migration's source still serving it, or a conflict that the first ring's
         // start refuses (`refresh`).
         Err(e @ LockError::InUse { .. }) => tracing::info!(
@@ -196,6 +217,9 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
             block: block_size,
         }
         .into());
+    }
+    if crashed_journal {
+        journal_replay::recover(&image, path)?;
     }
     let worker_name = format!("qcow2-{}", cfg.id);
     let image = Arc::new(image);
@@ -269,8 +293,10 @@ impl Qcow2Engine {
     fn refresh_image(image: &Image) -> io::Result<()> {
         // imago reads the header again below, and refuses it marked dirty.
         let answered = image.dirty.as_ref().map(|d| d.answered());
+        let recorded = image.journal_tail();
         block_on(image.access.flush())?;
         clear_dirty_mark(image, answered)?;
+        image.journal_written_back(recorded);
         // In the default mode this process never marks the file, so any mark is another's.
         let marked_here = image
             .dirty
@@ -383,9 +409,12 @@ impl Qcow2Engine {
 /// last sync covers the rest.
 fn write_back_all(image: &Image) -> io::Result<()> {
     let answered = image.dirty.as_ref().map(|d| d.answered());
+    let recorded = image.journal_tail();
     block_on(image.access.flush())?;
     block_on(image.access.sync())?;
-    clear_dirty_mark(image, answered)
+    clear_dirty_mark(image, answered)?;
+    image.journal_written_back(recorded);
+    Ok(())
 }
 
 /// With `metadata-commit=flush`: the dirty mark cleared after a write-back that began when

@@ -20,6 +20,10 @@
 //!   there panics the worker, so that `tests/qcow2.rs` can check what contains it
 //!   ([`metadata`](super::metadata): the image is given up, every request the worker held or
 //!   is sent fails, the daemon serves on).
+//! - **An abort** of the daemon in a journal's replay
+//!   ([`journal_replay`](super::journal_replay)): set to N, the process aborts once the replay
+//!   has written N clusters through imago, so that `tests/qcow2_journal.rs` can check that a
+//!   replay cut short runs again from what it staged.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -90,6 +94,19 @@ impl Delay {
         if let Some(d) = delay {
             uring_io::sleep(d).await;
         }
+    }
+}
+
+/// The replay's abort's variable: clusters written before it.
+pub const REPLAY_ABORT_AFTER_ENV: &str = "MQBLK_TEST_ONLY_REPLAY_ABORT_AFTER";
+
+/// Aborts the process if the replay's abort is set for `written` clusters.
+pub fn replay_wrote(written: u64) {
+    static AFTER: OnceLock<Option<u64>> = OnceLock::new();
+    let after = *AFTER.get_or_init(|| debug_only(REPLAY_ABORT_AFTER_ENV));
+    if after == Some(written) {
+        tracing::warn!("{REPLAY_ABORT_AFTER_ENV}={written}: the replay aborts (a test's fault)");
+        std::process::abort();
     }
 }
 

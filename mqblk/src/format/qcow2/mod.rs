@@ -6,6 +6,16 @@
 pub mod header;
 
 use std::io;
+use std::path::{Path, PathBuf};
+
+/// Where mqblk keeps the metadata journal of the qcow2 image at `image` with
+/// `metadata-commit=journal`: beside it, named after it (`IMAGE.mqblk-journal`; the engine's
+/// `mapping_journal` says what it holds).
+pub fn journal_path(image: &Path) -> PathBuf {
+    let mut name = image.file_name().unwrap_or_default().to_os_string();
+    name.push(".mqblk-journal");
+    image.with_file_name(name)
+}
 
 /// The most images a backing chain may hold, the top included. imago (0.2.6) follows a chain
 /// by recursion, a stack frame or more per image: when a queue starts (its cache
@@ -64,9 +74,19 @@ pub enum Qcow2Error {
         /// Where it was looked for.
         backing: String,
     },
-    /// `metadata-commit=flush` on a version 2 image, which has no dirty bit to mark it with.
-    #[error("{0} is a qcow2 version 2 image, and metadata-commit=flush needs version 3 (it marks the image dirty between flushes): upgrade it with `qemu-img amend -o compat=1.1 {0}`, or serve it with metadata-commit=write")]
+    /// `metadata-commit=flush` or `journal` on a version 2 image, which has no dirty bit to
+    /// mark it with.
+    #[error("{0} is a qcow2 version 2 image, and metadata-commit=flush and journal need version 3 (they mark the image dirty between flushes): upgrade it with `qemu-img amend -o compat=1.1 {0}`, or serve it with metadata-commit=write")]
     FlushCommitNeedsV3(String),
+    /// An image a crash left marked, served with `metadata-commit=journal`, whose journal is
+    /// not there.
+    #[error("{image} is marked dirty and its metadata journal {journal} is missing: the writes into new clusters acknowledged since the guest's last flush are lost; repair the image with `qemu-img check -r all {image}` first")]
+    JournalMissing {
+        /// The image.
+        image: String,
+        /// Where its journal should be.
+        journal: String,
+    },
     /// A backing chain that comes back to itself.
     #[error("the backing chain loops: {0}")]
     BackingLoop(String),
