@@ -22,6 +22,7 @@ pub mod stats;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +33,8 @@ pub use exports::Exports;
 
 use crate::api::rpc::ApiServer;
 use crate::api::{systemd, Metrics};
-use crate::config::ExportConfig;
+use crate::config::qcow2::MetadataCommit;
+use crate::config::{ExportConfig, ImageFormat};
 use crate::engine::qcow2::table_budget;
 use crate::sandbox::{self, SandboxOptions};
 
@@ -81,6 +83,7 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
     };
     // The boot id, which qcow2 journals record, is read before the sandbox closes /proc.
     crate::engine::qcow2::mapping_journal::prepare();
+    make_journal_files(&exports);
     sandbox::enter(&opts.sandbox, &needs)?;
     // Bound before the exports start, so that a busy port fails the start at once.
     let mut metrics = match opts.metrics {
@@ -136,6 +139,27 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
     running.stop_all();
     tracing::info!("all exports drained; exiting");
     Ok(())
+}
+
+/// Makes the (empty) journal file of each startup export served with `metadata-commit=journal`
+/// whose image exists, so that the sandbox grants that file rather than the image's directory.
+/// An error is left for the export's open to report.
+fn make_journal_files(exports: &[ExportConfig]) {
+    for cfg in exports {
+        let Some(path) = &cfg.path else { continue };
+        if cfg.format == ImageFormat::Qcow2
+            && !cfg.readonly
+            && cfg.qcow2.metadata_commit == MetadataCommit::Journal
+            && path.exists()
+        {
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(crate::format::qcow2::journal_path(path));
+        }
+    }
 }
 
 /// Starts the exports given at startup, each on its socket-activated descriptor if it has one.

@@ -1,7 +1,9 @@
 //! Landlock: the files and directories the confined daemon may reach, and what it may do there.
 //!
 //! Each export needs its image (read, and unless read-only write and truncate; a missing
-//! image's directory, to create it) and its socket's directory (make a socket, remove it). The
+//! image's directory, to create it), with `metadata-commit=journal` the journal beside it (made
+//! at startup, so that the file is granted rather than its directory), and its socket's
+//! directory (make a socket, remove it). The
 //! API socket's directory likewise; the stats file's directory to create, write and rename the
 //! file over its old self; Ceph's conf and keyring, read. `--allow-dir` directories get all of
 //! that, for exports the API adds later. Landlock's rules are fixed once applied, so an export

@@ -153,7 +153,10 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         && !marked_live
         && commit == MetadataCommit::Journal
         && header::marked_dirty_alone(&header::read_head(path)?);
-    if crashed_journal && !mapping_journal::path_for(path).exists() {
+    // Missing, or empty: made at startup for the sandbox (`daemon::serve`), never written.
+    let journal_made =
+        std::fs::metadata(mapping_journal::path_for(path)).is_ok_and(|m| m.len() > 0);
+    if crashed_journal && !journal_made {
         return Err(Qcow2Error::JournalMissing {
             image: path.display().to_string(),
             journal: mapping_journal::path_for(path).display().to_string(),
