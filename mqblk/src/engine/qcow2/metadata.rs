@@ -328,14 +328,14 @@ async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
             });
         }
     }
-    // `metadata-commit=journal`: the mappings the job made (or relies on) recorded before it
-    // completes; where they cannot be, its tables are written back instead.
-    if done.result >= 0 && done.persist == Persist::WriteBack && image.journal.is_some() {
-        if let Some((offset, len)) = done.span {
-            if !journal_mappings(&image, offset, len).await {
-                done.persist = Persist::Tables;
-            }
-        }
+    // `metadata-commit=journal`: a job whose mappings (made or relied on) are not recorded
+    // (`perform` records them while it holds the clusters) has its tables written back.
+    if done.result >= 0
+        && done.persist == Persist::WriteBack
+        && image.journal.is_some()
+        && !done.journaled
+    {
+        done.persist = Persist::Tables;
     }
     Outcome::Performed(Box::new(Performed {
         job,
@@ -345,9 +345,17 @@ async fn run_job(image: Arc<Image>, mut job: Job) -> Outcome {
     }))
 }
 
-/// Records in the image's journal what every cluster of `offset..offset + len` maps to now;
-/// false if that cannot be recorded (a mapping a record cannot name, or no room).
-async fn journal_mappings(image: &Image, offset: u64, len: u64) -> bool {
+/// With `metadata-commit=journal`: records in the image's journal what every cluster of
+/// `offset..offset + len` maps to now, if the caller's job changed a mapping there (`changed`)
+/// or relies on one another job has not recorded yet; true if recorded. Called while the job
+/// still holds its clusters (or the zeroing lock), so that no other job's cluster mapped ahead
+/// of its data can be among them.
+async fn journal_mappings(image: &Image, offset: u64, len: u64, changed: bool) -> bool {
+    if image.journal.is_none()
+        || !(changed || image.unpersisted.touches(offset, len, image.cluster_bits))
+    {
+        return false;
+    }
     let bits = image.cluster_bits;
     let capacity = image.journal().map_or(0, |j| j.capacity());
     let (first, end) = (
@@ -481,8 +489,8 @@ struct Done {
     unpersisted: Option<Unpersisting>,
     /// A write that changed no mapping: the range it wrote.
     wrote: Option<(u64, u64)>,
-    /// A write or zeroing: the range it covered.
-    span: Option<(u64, u64)>,
+    /// Its mappings are recorded in the journal (`metadata-commit=journal`).
+    journaled: bool,
     /// The range whose neighbourhood to send mappings of: `(offset, len)`, with `len` 0 for
     /// the window around `offset`.
     hint: Option<(u64, u64)>,
@@ -581,6 +589,8 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 // It may have allocated clusters threads hold as in a backing file or zeros.
                 invalidate(image, *offset, len as u64);
             }
+            let journaled =
+                result.is_ok() && journal_mappings(image, *offset, len as u64, changed).await;
             Done {
                 result: match result {
                     Ok(()) => len as i32,
@@ -597,7 +607,7 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                     len: len as u64,
                 }),
                 wrote: (!changed).then_some((*offset, len as u64)),
-                span: Some((*offset, len as u64)),
+                journaled,
                 // An allocation: only its own clusters (their neighbours are allocated one by
                 // one too); a miss: the window around it, as for a read.
                 hint: Some((*offset, if changed { len as u64 } else { 0 })),
@@ -614,9 +624,9 @@ async fn perform(image: &Image, work: &mut Work) -> Done {
                 may_free(image);
             }
             let done = match zero(image, *offset, *len, *unmap).await {
-                Ok(()) => Done {
+                Ok(journaled) => Done {
                     persist: Persist::WriteBack,
-                    span: Some((*offset, *len)),
+                    journaled,
                     ..Done::default()
                 },
                 Err(e) => failed(e),
@@ -712,8 +722,9 @@ async fn flush(image: &Image) -> io::Result<()> {
 /// Zeroes `len` bytes at `offset` through imago, keeping the clusters allocated (so no thread's
 /// cached mapping can ever point at a cluster given to another guest offset), invalidates the
 /// threads' caches over the range, then (with `unmap`) punches the file's blocks of the whole
-/// clusters out: they read as zeroes and cost no space.
-async fn zero(image: &Image, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
+/// clusters out: they read as zeroes and cost no space. Returns whether its mappings are
+/// recorded in the journal (`metadata-commit=journal`).
+async fn zero(image: &Image, offset: u64, len: u64, unmap: bool) -> io::Result<bool> {
     let cluster = 1u64 << image.cluster_bits;
     let mut punch = Vec::new();
     if unmap {
@@ -749,7 +760,7 @@ async fn zero(image: &Image, offset: u64, len: u64, unmap: bool) -> io::Result<(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(())
+    Ok(journal_mappings(image, offset, len, true).await)
 }
 
 /// Tells the I/O threads that their mappings of `offset..offset + len` are stale: a new
