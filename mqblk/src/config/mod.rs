@@ -208,6 +208,14 @@ impl Default for ExportConfig {
 }
 
 impl ExportConfig {
+    /// Whether the export keeps a qcow2 metadata journal beside its image
+    /// (`metadata-commit=journal` on a writable qcow2 image).
+    pub fn keeps_qcow2_journal(&self) -> bool {
+        self.format == ImageFormat::Qcow2
+            && !self.readonly
+            && self.qcow2.metadata_commit == qcow2::MetadataCommit::Journal
+    }
+
     /// The number of I/O threads this export runs.
     pub fn num_threads(&self) -> usize {
         match self.threads {

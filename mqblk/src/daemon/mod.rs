@@ -33,8 +33,7 @@ pub use exports::Exports;
 
 use crate::api::rpc::ApiServer;
 use crate::api::{systemd, Metrics};
-use crate::config::qcow2::MetadataCommit;
-use crate::config::{ExportConfig, ImageFormat};
+use crate::config::ExportConfig;
 use crate::engine::qcow2::table_budget;
 use crate::sandbox::{self, SandboxOptions};
 
@@ -147,11 +146,7 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
 fn make_journal_files(exports: &[ExportConfig]) {
     for cfg in exports {
         let Some(path) = &cfg.path else { continue };
-        if cfg.format == ImageFormat::Qcow2
-            && !cfg.readonly
-            && cfg.qcow2.metadata_commit == MetadataCommit::Journal
-            && path.exists()
-        {
+        if cfg.keeps_qcow2_journal() && path.exists() {
             let _ = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)

@@ -23,7 +23,7 @@ use landlock::{
 };
 
 use super::{Error, Needs};
-use crate::config::qcow2::{BackingFormat, MetadataCommit};
+use crate::config::qcow2::BackingFormat;
 use crate::config::{EngineKind, ExportConfig, ImageFormat};
 use crate::format::qcow2;
 
@@ -230,7 +230,7 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
             }
             if cfg.format == ImageFormat::Qcow2 {
                 out.extend(backing_grants(cfg, image));
-                if !cfg.readonly && cfg.qcow2.metadata_commit == MetadataCommit::Journal {
+                if cfg.keeps_qcow2_journal() {
                     out.extend(journal_grant(image));
                 }
             }

@@ -21,7 +21,7 @@ use futures::executor::block_on;
 use imago::io_buffers::IoVector;
 
 use super::image::Image;
-use super::mapping_journal::{self, Mapped, Pending};
+use super::mapping_journal::{Mapped, Pending};
 use super::test_hooks;
 use crate::engine::OpenError;
 use crate::format::qcow2::Qcow2Error;
@@ -52,41 +52,38 @@ pub fn recover(image: &Image, path: &Path) -> Result<(), OpenError> {
             image
                 .mend_tables()
                 .map_err(io("cannot check the tables of"))?;
-            let data = records.iter().filter_map(|&(guest, m)| match m {
-                Mapped::Data(host) => Some((guest, host)),
-                Mapped::Zero => None,
-            });
             let cluster = 1u64 << image.cluster_bits;
             let mut buf = ClusterBuf::new(cluster as usize);
+            // Record `i`'s data goes in staging slot `i` (a zero record leaves its slot a hole).
             if !staged {
-                for (slot, (_, host)) in data.clone().enumerate() {
-                    read_cluster(&image.file, buf.bytes(), host)
-                        .map_err(io("cannot read a journaled cluster of"))?;
-                    journal
-                        .stage(slot, buf.bytes())
-                        .map_err(io("cannot stage a journaled cluster of"))?;
+                for (i, &(_, mapped)) in records.iter().enumerate() {
+                    if let Mapped::Data(host) = mapped {
+                        read_cluster(&image.file, buf.bytes(), host)
+                            .map_err(io("cannot read a journaled cluster of"))?;
+                        journal
+                            .stage(i, buf.bytes())
+                            .map_err(io("cannot stage a journaled cluster of"))?;
+                    }
                 }
                 journal.set_staged();
             }
             let size = image.access.size();
-            let mut slot = 0;
-            for (written, &(guest, mapped)) in records.iter().enumerate() {
-                test_hooks::replay_wrote(written as u64);
-                let at = guest * cluster;
-                if at >= size {
+            for (i, &(guest, mapped)) in records.iter().enumerate() {
+                test_hooks::replay_wrote(i as u64);
+                // Past the image's end (a damaged journal): nothing to write.
+                let Some(at) = guest.checked_mul(cluster).filter(|&at| at < size) else {
                     continue;
-                }
+                };
                 let len = cluster.min(size - at);
                 match mapped {
                     Mapped::Data(_) => {
                         journal
-                            .staged(slot, buf.bytes())
+                            .staged(i, buf.bytes())
                             .map_err(io("cannot read the staged clusters of"))?;
                         let mut v = IoVector::with_capacity(1);
                         v.push(&buf.bytes()[..len as usize]);
                         block_on(image.access.writev(v, at))
                             .map_err(io("cannot replay the metadata journal into"))?;
-                        slot += 1;
                     }
                     Mapped::Zero => block_on(image.access.write_zeroes(at, len))
                         .map_err(io("cannot replay the metadata journal into"))?,
@@ -110,7 +107,7 @@ pub fn recover(image: &Image, path: &Path) -> Result<(), OpenError> {
         tracing::warn!(
             image = %path.display(),
             clusters = n,
-            journal = %mapping_journal::path_for(path).display(),
+            journal = %crate::format::qcow2::journal_path(path).display(),
             "the image was left marked dirty by a crash of mqblk: the mappings its metadata \
              journal recorded since the guest's last flush are replayed"
         );

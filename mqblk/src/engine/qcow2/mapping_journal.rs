@@ -151,7 +151,7 @@ pub enum Pending {
     ThisBoot {
         /// Guest cluster index, and what it maps to.
         records: Vec<(u64, Mapped)>,
-        /// The data clusters' bytes are in the staging area, in the records' order.
+        /// The data clusters' bytes are in the staging area, record `i`'s in slot `i`.
         staged: bool,
     },
     /// Records of another boot: the machine went down with the guest.
@@ -159,8 +159,6 @@ pub enum Pending {
     /// None that cover the mark (another image's, or nothing pending).
     None,
 }
-
-pub use crate::format::qcow2::journal_path as path_for;
 
 /// This boot's id (`/proc/sys/kernel/random/boot_id`), read once: [`prepare`] reads it before
 /// the sandbox closes `/proc`.
@@ -192,7 +190,7 @@ impl MappingJournal {
         cluster_bits: u32,
         create: bool,
     ) -> io::Result<MappingJournal> {
-        let path = path_for(image);
+        let path = crate::format::qcow2::journal_path(image);
         let capacity = capacity_for(cluster_bits);
         let mapped = HEADER + (capacity * 16).next_multiple_of(4096);
         let file_len = mapped + (capacity << cluster_bits);

@@ -66,8 +66,8 @@ use crate::engine::image_lock::LockError;
 use crate::engine::{
     self, Channel, Engine, FailureReport, Limits, OpenError, ResizeError, SnapshotError,
 };
-use crate::format::qcow2::header;
 pub use crate::format::qcow2::Qcow2Error;
+use crate::format::qcow2::{self as qcow2_format, header};
 use channel::Qcow2Channel;
 use counters::Counters;
 pub use counters::MetadataCounters;
@@ -149,17 +149,16 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         })?;
     // `metadata-commit=journal`: a crash's mark, which the journal's records may cover
     // (`journal_replay`), let through to be replayed once the image's locks are taken.
-    let crashed_journal = !cfg.readonly
+    let crashed_journal = cfg.keeps_qcow2_journal()
         && !marked_live
-        && commit == MetadataCommit::Journal
         && header::marked_dirty_alone(&header::read_head(path)?);
     // Missing, or empty: made at startup for the sandbox (`daemon::serve`), never written.
-    let journal_made =
-        std::fs::metadata(mapping_journal::path_for(path)).is_ok_and(|m| m.len() > 0);
+    let journal = qcow2_format::journal_path(path);
+    let journal_made = std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0);
     if crashed_journal && !journal_made {
         return Err(Qcow2Error::JournalMissing {
             image: path.display().to_string(),
-            journal: mapping_journal::path_for(path).display().to_string(),
+            journal: journal.display().to_string(),
         }
         .into());
     }
