@@ -11,7 +11,7 @@ use mqblk_client::{Client, Concurrent, Pattern};
 use support::daemon::*;
 use support::mount::Mount;
 use support::qemu_img::{
-    assert_checks_clean, create_qcow2, qemu_img_ok, qemu_io_ok, read_through_qemu,
+    assert_checks_clean, create_qcow2, dirty_bit, qemu_img_ok, qemu_io_ok, read_through_qemu,
 };
 use support::skip::has_test_hooks;
 
@@ -288,12 +288,6 @@ fn sixteen_clusters(sock: &Path, img: &Path, commit: &str) -> Export {
         .set("format", "qcow2")
         .set("size", &(16 * CLUSTER).to_string())
         .set("metadata-commit", commit)
-}
-
-/// The dirty bit of the qcow2 header of `img` (incompatible features, byte 79).
-fn dirty_bit(img: &Path) -> u8 {
-    use mqblk::format::qcow2::header::{DIRTY, DIRTY_BYTE};
-    (std::fs::read(img).unwrap()[DIRTY_BYTE as usize] >> DIRTY) & 1
 }
 
 /// `metadata-commit=flush`: a write into a new cluster completes before its mapping is in the

@@ -42,6 +42,12 @@ pub fn create_qcow2(path: &Path, size: &str) {
     ]);
 }
 
+/// The dirty bit of the qcow2 header of `img` (incompatible features, byte 79).
+pub fn dirty_bit(img: &Path) -> u8 {
+    use mqblk::format::qcow2::header::{DIRTY, DIRTY_BYTE};
+    (std::fs::read(img).unwrap()[DIRTY_BYTE as usize] >> DIRTY) & 1
+}
+
 /// `qemu-img check`: no corruption and, unless `leaks_allowed`, no leaked cluster (exit 0:
 /// clean; 3: leaked clusters only; 2: corruption; 1: could not check).
 pub fn assert_checks_clean(image: &Path, leaks_allowed: bool) {
