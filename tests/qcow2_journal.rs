@@ -13,10 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mqblk::format::qcow2::header::{DIRTY, DIRTY_BYTE};
 use mqblk::format::qcow2::journal_path as journal_of;
 use mqblk_client::Client;
 use support::daemon::*;
-use support::qemu_img::{assert_checks_clean, dirty_bit, read_through_qemu};
+use support::qemu_img::{
+    assert_checks_clean, dirty_bit, qemu_img_ok, qemu_io_ok, read_through_qemu,
+};
 
 const SIZE: u64 = 32 << 20;
 const CLUSTER: u64 = 64 << 10;
@@ -209,9 +212,18 @@ fn a_crash_loses_no_acknowledged_write_and_a_restart_replays_the_journal() {
     let (dir, img, sock, export, acked) = crashed_journal_overlay(400);
     assert_eq!(dirty_bit(&img), 1, "left marked by the crash");
     assert!(journal_of(&img).exists());
-    let flush_mode = overlay(&sock, &img, "flush");
-    let e = serve_fails(&export_arg(flush_mode.spec()), Duration::from_secs(10));
-    assert!(e.contains("marked dirty"), "{e}");
+    // Another mode would not replay the journal, and the repair a dirty image is refused with
+    // would drop it: said so, in one line.
+    for mode in ["flush", "write"] {
+        let other_mode = overlay(&sock, &img, mode);
+        let e = serve_fails(&export_arg(other_mode.spec()), Duration::from_secs(10));
+        assert!(
+            e.contains("marked dirty")
+                && e.contains("serve it with metadata-commit=journal")
+                && !e.contains('\n'),
+            "{mode}: {e}"
+        );
+    }
 
     let d = Daemon::start(&dir, std::slice::from_ref(&export));
     assert!(
@@ -288,6 +300,86 @@ fn a_crashed_image_without_its_journal_is_refused_in_one_line() {
             && !e.contains('\n'),
         "{e}"
     );
+}
+
+/// Sets the bits `mask` of byte `at` of `img`'s header, as another program's write would.
+fn set_header_bits(img: &Path, at: u64, mask: u8) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let mut byte = [0];
+    f.read_exact_at(&mut byte, at).unwrap();
+    f.write_all_at(&[byte[0] | mask], at).unwrap();
+}
+
+/// Whether `img`'s header says its dirty mark is the metadata journal's (the autoclear bit).
+fn journal_owns_mark(img: &Path) -> bool {
+    mqblk::format::qcow2::header::journal_owns_mark(&std::fs::read(img).unwrap())
+}
+
+/// The journal outlives a repair by another program, and must not speak for a later mark that
+/// is not its daemon's. A crashed image is repaired with `qemu-img check -r all` (which drops
+/// what the journal holds, and, like every writer that does not know mqblk's autoclear bit,
+/// clears it), and QEMU writes every cluster anew. Then:
+/// - a dirty mark of another program (QEMU with lazy refcounts, crashed) is refused as dirty,
+///   not taken for the journal's and "replayed" with the records of the first crash;
+/// - once the image is served again, the journal is emptied of those records: a mark mqblk
+///   makes and leaves at a crash before its first record is served as it is, with QEMU's
+///   bytes in every cluster.
+#[test]
+fn a_mark_made_after_a_repair_is_not_replayed_from_the_journal_of_the_crash_before() {
+    let (dir, img, sock, export, _) = crashed_journal_overlay(200);
+    assert!(journal_owns_mark(&img), "marked by mqblk's journal");
+    qemu_img_ok(&["check", "-r", "all", &img.display().to_string()]);
+    assert_eq!(dirty_bit(&img), 0);
+    assert!(!journal_owns_mark(&img), "cleared by QEMU");
+    let written = dir.image("qemu.raw", SIZE, Some(0x9e5));
+    qemu_io_ok(&img, &format!("write -s {} 0 {SIZE}", written.display()));
+    let journal = std::fs::read(journal_of(&img)).unwrap();
+    // The journal's state (the header's byte 96): records pending still.
+    assert_eq!(journal[96], 1, "the first crash's records");
+
+    set_header_bits(&img, DIRTY_BYTE, 1 << DIRTY);
+    let e = serve_fails(&export_arg(export.spec()), Duration::from_secs(10));
+    assert!(
+        e.contains("marked dirty") && e.contains("qemu-img check -r all"),
+        "{e}"
+    );
+
+    qemu_img_ok(&["check", "-r", "all", &img.display().to_string()]);
+    let d = Daemon::start(&dir, std::slice::from_ref(&export));
+    d.terminate();
+    assert_eq!(std::fs::read(journal_of(&img)).unwrap()[96], 0, "emptied");
+    assert!(journal_owns_mark(&img), "claimed by the journal's daemon");
+    // A mark of that daemon, which died before its first record.
+    set_header_bits(&img, DIRTY_BYTE, 1 << DIRTY);
+    let d = Daemon::start(&dir, std::slice::from_ref(&export));
+    let log = d.log();
+    assert!(
+        log.contains("before its metadata journal held a record")
+            && !log.contains("mappings its metadata journal recorded"),
+        "{log}"
+    );
+    assert_eq!(dirty_bit(&img), 0);
+    let expected = std::fs::read(&written).unwrap();
+    let mut c = Client::connect(&sock, 1).unwrap();
+    let mut wrong = Vec::new();
+    for offset in (0..SIZE).step_by(CLUSTER as usize) {
+        let read = c.read_vec(0, offset, CLUSTER as usize).expect("read");
+        if read[..] != expected[offset as usize..(offset + CLUSTER) as usize] {
+            wrong.push(offset);
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "clusters not as QEMU wrote them: {wrong:?}"
+    );
+    drop(c);
+    d.terminate();
+    assert_checks_clean(&img, true);
 }
 
 /// A replay cut short (a debug build's hook aborts the daemon once the replay has written a few

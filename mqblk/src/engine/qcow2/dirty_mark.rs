@@ -106,6 +106,26 @@ pub fn on_file(tables: &TableIo) -> io::Result<bool> {
     Ok(header::dirty_in(bytes[..8].try_into().expect("8 bytes")))
 }
 
+/// Writes into `file`'s header whether a mark of this process is its metadata journal's
+/// ([`header::JOURNAL_OWNS_MARK`]: set with `journal`, else cleared), unless it says so
+/// already (`tables` reads the file as it is). Done before this process first marks the file,
+/// so that a mark found with the bit set after a crash is the journal's, and one found
+/// without it (this process in `metadata-commit=flush`, or another program since) is not
+/// replayed.
+pub async fn claim(file: &RingFile, tables: &TableIo, journal: bool) -> io::Result<()> {
+    let bytes = tables.read(header::AUTOCLEAR_FEATURES_AT, 8)?;
+    let now = u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let wanted = match journal {
+        true => now | header::JOURNAL_OWNS_MARK,
+        false => now & !header::JOURNAL_OWNS_MARK,
+    };
+    if wanted == now {
+        return Ok(());
+    }
+    file.write(&wanted.to_be_bytes()[..], header::AUTOCLEAR_FEATURES_AT)
+        .await
+}
+
 /// Takes the shared lock of a server of `file` in this mode, held while the file's open
 /// description lives.
 pub fn hold(file: &File) -> io::Result<()> {

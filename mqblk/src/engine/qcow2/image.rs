@@ -232,6 +232,26 @@ impl Image {
             .map(|j| j.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Makes the image this process's to mark, once its locks are taken (opened, or handed
+    /// over by a live migration's source that has cleared its mark): in a mode that marks it
+    /// dirty, a journal this process is not writing is emptied of what another process left
+    /// in it (records that a later mark of this one must not be taken to cover), and the
+    /// header's autoclear bit says whether a mark of this process is its journal's
+    /// ([`dirty_mark::claim`]).
+    pub fn claim_marks(&self) -> std::io::Result<()> {
+        let (Some(_), Some(tables)) = (&self.dirty, &self.tables) else {
+            return Ok(());
+        };
+        if let Some(mut journal) = self.journal() {
+            journal.forget_others();
+        }
+        block_on(dirty_mark::claim(
+            self.top_storage(),
+            tables,
+            self.journal.is_some(),
+        ))
+    }
+
     /// Where the journal's records end, read before a write-back: the records it covers.
     pub fn journal_tail(&self) -> Option<Position> {
         self.journal().map(|j| j.position())
@@ -493,7 +513,9 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
     // Only while imago reads the header: from then on imago and this process write it, and
     // the live server clears its mark before this image's rings start (and imago reads the
     // header again).
-    top_file.hide_dirty_bit(marked_live);
+    if writable {
+        top_file.hide_marks(marked_live);
+    }
     let qcow2 = block_on(
         Qcow2::builder(top_file)
             .backing(below)
@@ -528,8 +550,8 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         failure_report: Arc::default(),
         counters,
     };
-    if marked_live {
-        image.top_storage().hide_dirty_bit(false);
+    if writable {
+        image.top_storage().show_marks();
     }
     if image.dirty.is_some() {
         dirty_mark::hold(&image.file).map_err(io_err("cannot lock a byte of", path))?;

@@ -38,6 +38,15 @@ pub fn recover(image: &Image, path: &Path) -> Result<(), OpenError> {
     };
     let replayed = match journal.pending_records() {
         Pending::None => return Err(Qcow2Error::Dirty(path.display().to_string()).into()),
+        // Marked, and dead before a record: nothing acknowledged is missing from the tables.
+        Pending::Nothing => {
+            tracing::info!(
+                image = %path.display(),
+                "the image was left marked dirty by a crash of mqblk before its metadata \
+                 journal held a record: its tables hold every acknowledged write; served"
+            );
+            None
+        }
         Pending::OtherBoot => {
             tracing::warn!(
                 image = %path.display(),

@@ -156,7 +156,10 @@ pub enum Pending {
     },
     /// Records of another boot: the machine went down with the guest.
     OtherBoot,
-    /// None that cover the mark (another image's, or nothing pending).
+    /// This image's journal, of this boot, holding no records: the mark was made and the
+    /// process died before a job that needed a record completed.
+    Nothing,
+    /// Nothing that speaks for the mark (another image's journal, or one never written).
     None,
 }
 
@@ -301,6 +304,23 @@ impl MappingJournal {
         if self.ours {
             return;
         }
+        self.stamp(OPEN);
+        self.ours = true;
+        self.generation += 1;
+    }
+
+    /// Empties a journal this process is not writing of what another left in it, once the
+    /// image is this process's (its locks taken, any earlier mark replayed or cleared): a mark
+    /// this process makes before its first record finds it idle, not holding records of
+    /// another process's mark.
+    pub fn forget_others(&mut self) {
+        if !self.ours {
+            self.stamp(IDLE);
+        }
+    }
+
+    /// Writes the header for this image and boot, in `state`, with no records.
+    fn stamp(&mut self, state: u64) {
         self.word(AT_STATE).store(IDLE, Ordering::Release);
         self.word(AT_HEAD).store(0, Ordering::Release);
         self.word(AT_TAIL).store(0, Ordering::Release);
@@ -318,9 +338,7 @@ impl MappingJournal {
         let boot = boot_id().copied().unwrap_or([0; BOOT_ID_LEN]);
         h[AT_BOOT_ID..AT_BOOT_ID + BOOT_ID_LEN].copy_from_slice(&boot);
         h[AT_CAPACITY..AT_CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
-        self.word(AT_STATE).store(OPEN, Ordering::Release);
-        self.ours = true;
-        self.generation += 1;
+        self.word(AT_STATE).store(state, Ordering::Release);
     }
 
     /// Appends the records of `records` (guest cluster index, what it maps to now), all or
@@ -399,13 +417,16 @@ impl MappingJournal {
             && self.u64_at(AT_BORN) as i64 == id.born.0
             && self.u64_at(AT_BORN + 8) as u32 == id.born.1
             && self.u64_at(AT_CAPACITY) == self.capacity;
-        if !same_image || !(state == OPEN || state == STAGED) {
+        if !same_image || !(state == IDLE || state == OPEN || state == STAGED) {
             return Pending::None;
         }
         let this_boot =
             boot_id().is_some_and(|b| &h[AT_BOOT_ID..AT_BOOT_ID + BOOT_ID_LEN] == b.as_slice());
         if !this_boot {
             return Pending::OtherBoot;
+        }
+        if state == IDLE {
+            return Pending::Nothing;
         }
         let (head, tail) = (self.head(), self.tail());
         if tail < head || tail - head > self.capacity {
@@ -521,11 +542,35 @@ mod tests {
         );
         let now = j.position();
         j.close_if_done(now);
-        assert!(matches!(other.pending_records(), Pending::None), "closed");
+        assert!(
+            matches!(other.pending_records(), Pending::Nothing),
+            "closed"
+        );
         // Begun anew by the next record, emptied.
         assert!(j.append(&[(9, Mapped::Zero)]));
         match other.pending_records() {
             Pending::ThisBoot { records, .. } => assert_eq!(records, vec![(9, Mapped::Zero)]),
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn an_image_taken_over_forgets_what_another_process_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (img, f, mut crashed) = journal(dir.path());
+        assert!(crashed.append(&[(4, Mapped::Data(0x60000))]));
+        // The next process to take the image (after the mark was repaired by another program,
+        // say) empties the journal before it marks the image: its own mark, should it die
+        // before its first record, is not taken for the crashed process's records.
+        let mut next = MappingJournal::open(&img, &f, 16, false).unwrap();
+        assert!(matches!(next.pending_records(), Pending::ThisBoot { .. }));
+        next.forget_others();
+        assert!(matches!(next.pending_records(), Pending::Nothing));
+        // One writing its own records keeps them.
+        assert!(next.append(&[(5, Mapped::Zero)]));
+        next.forget_others();
+        match next.pending_records() {
+            Pending::ThisBoot { records, .. } => assert_eq!(records, vec![(5, Mapped::Zero)]),
             p => panic!("{p:?}"),
         }
     }

@@ -148,13 +148,25 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
             err,
         })?;
     // `metadata-commit=journal`: a crash's mark, which the journal's records may cover
-    // (`journal_replay`), let through to be replayed once the image's locks are taken.
-    let crashed_journal = cfg.keeps_qcow2_journal()
-        && !marked_live
-        && header::marked_dirty_alone(&header::read_head(path)?);
+    // (`journal_replay`), let through to be replayed once the image's locks are taken. Only
+    // a mark the header says is the journal's: another program's (QEMU's, after a repair of
+    // the crash) is refused as dirty.
+    let marked_by_journal = !cfg.readonly && !marked_live && {
+        let head = header::read_head(path)?;
+        header::marked_dirty_alone(&head) && header::journal_owns_mark(&head)
+    };
+    let crashed_journal = cfg.keeps_qcow2_journal() && marked_by_journal;
     // Missing, or empty: made at startup for the sandbox (`daemon::serve`), never written.
     let journal = qcow2_format::journal_path(path);
     let journal_made = std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0);
+    if marked_by_journal && !crashed_journal && journal_made {
+        // Refused as dirty otherwise, and the repair named there drops what the journal holds.
+        return Err(Qcow2Error::MarkedByJournal {
+            image: path.display().to_string(),
+            journal: journal.display().to_string(),
+        }
+        .into());
+    }
     if crashed_journal && !journal_made {
         return Err(Qcow2Error::JournalMissing {
             image: path.display().to_string(),
@@ -178,18 +190,21 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
         counters: counters.clone(),
     };
     let image = image::open(path, &layers, opts)?;
-    match image.top_lock.take() {
-        Ok(()) => {}
+    let locked = match image.top_lock.take() {
+        Ok(()) => true,
         // No replay while another process has the image.
         Err(e) if crashed_journal => return Err(e.into()),
         // A live migration's source still serving it, or a conflict that the first ring's
         // start refuses (`refresh`).
-        Err(e @ LockError::InUse { .. }) => tracing::info!(
-            "{e}: opened; its rings start once the image is free (as a live migration's \
-             destination's do once the source stops its rings)"
-        ),
+        Err(e @ LockError::InUse { .. }) => {
+            tracing::info!(
+                "{e}: opened; its rings start once the image is free (as a live migration's \
+                 destination's do once the source stops its rings)"
+            );
+            false
+        }
         Err(e) => return Err(e.into()),
-    }
+    };
     if marked_live {
         tracing::info!(
             image = %path.display(),
@@ -222,6 +237,13 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     }
     if crashed_journal {
         journal_replay::recover(&image, path)?;
+    }
+    if locked && !marked_live {
+        image.claim_marks().map_err(|err| OpenError::Io {
+            what: "cannot write the header of",
+            path: path.display().to_string(),
+            err,
+        })?;
     }
     let worker_name = format!("qcow2-{}", cfg.id);
     let image = Arc::new(image);
@@ -317,11 +339,21 @@ impl Qcow2Engine {
         }
         // Before imago reads a refcount again, and allocates.
         image.mend_tables()?;
+        // A live migration's source has let the image go: it is this process's to mark.
+        image.claim_marks()?;
+        let writable = image.tables.is_some();
+        if writable {
+            image.top_storage().hide_marks(false);
+        }
         // SAFETY: no request is in flight (the contract of `refresh`, and of `resize` while
         // the image is not mended: no ring starts before it is), so neither imago nor any
         // thread holds a mapping; the on-disk state is consistent (just flushed here, or by
         // the backend that changed it).
-        block_on(unsafe { image.access.invalidate_cache() })?;
+        let read_again = block_on(unsafe { image.access.invalidate_cache() });
+        if writable {
+            image.top_storage().show_marks();
+        }
+        read_again?;
         metadata::invalidate(image, 0, u64::MAX / 2);
         Ok(())
     }
@@ -374,6 +406,8 @@ impl Qcow2Engine {
                     // would do before the guest's requests reach it (see `Image::mended`).
                     new.mend_tables()
                         .map_err(io("cannot check the tables of", overlay))?;
+                    new.claim_marks()
+                        .map_err(io("cannot write the header of", overlay))?;
                     let new = Arc::new(new);
                     let jobs = start_worker(&new, &self.worker_name, overlay)?;
                     Ok((new, jobs))

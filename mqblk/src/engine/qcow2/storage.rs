@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,7 +29,12 @@ use super::fresh_space::FreshSpace;
 use super::table_io::TableIo;
 use super::uring_io::{self, Io};
 use super::write_order::{WriteMode, WriteOrder};
-use crate::format::qcow2::header::{DIRTY, DIRTY_BYTE};
+use crate::format::qcow2::header::{DIRTY, DIRTY_BYTE, JOURNAL_OWNS_MARK_BYTE};
+
+/// [`RingFile::hide_marks`]: the dirty bit.
+const HIDE_DIRTY: u8 = 1;
+/// [`RingFile::hide_marks`]: the journal's autoclear bit.
+const HIDE_JOURNAL_OWNER: u8 = 2;
 
 /// The most the top image file is grown ahead of its writes at a time (see
 /// `RingFile::grow_for`).
@@ -127,9 +132,9 @@ pub struct RingFile {
     syncing: futures::lock::Mutex<()>,
     /// Where the top image's syncs are counted (the export's metadata counters).
     counters: Option<Arc<Counters>>,
-    /// Reads show the header without its dirty bit: while imago opens an image a live server
-    /// has marked ([`dirty_mark`](super::dirty_mark)), which it would refuse.
-    hide_dirty: AtomicBool,
+    /// Which of mqblk's marks reads of the header hide ([`hide_marks`](Self::hide_marks)):
+    /// [`HIDE_DIRTY`], [`HIDE_JOURNAL_OWNER`].
+    hidden: AtomicU8,
     helper: CommonStorageHelper,
 }
 
@@ -165,7 +170,7 @@ impl RingFile {
             tables,
             syncing: futures::lock::Mutex::new(()),
             counters: None,
-            hide_dirty: AtomicBool::new(false),
+            hidden: AtomicU8::new(0),
             helper: CommonStorageHelper::default(),
         })
     }
@@ -185,9 +190,22 @@ impl RingFile {
         }
     }
 
-    /// Whether reads show the header without its dirty bit (see `hide_dirty`).
-    pub fn hide_dirty_bit(&self, hide: bool) {
-        self.hide_dirty.store(hide, Ordering::Release);
+    /// While imago reads the header (opening the image, or reading it again in a refresh):
+    /// reads show it without mqblk's own marks, which imago would refuse or clear. The
+    /// journal's autoclear bit always (imago clears autoclear bits it does not know by writing
+    /// the whole header, and a refresh refuses a header whose autoclear bits changed); the
+    /// dirty bit when `dirty` (a live server's mark, [`dirty_mark`](super::dirty_mark)).
+    pub fn hide_marks(&self, dirty: bool) {
+        let dirty = if dirty { HIDE_DIRTY } else { 0 };
+        self.hidden
+            .store(HIDE_JOURNAL_OWNER | dirty, Ordering::Release);
+    }
+
+    /// Reads show the header as it is again: from then on imago and mqblk write its first
+    /// block only by reading it, changing their fields and writing it back, which keeps the
+    /// marks.
+    pub fn show_marks(&self) {
+        self.hidden.store(0, Ordering::Release);
     }
 
     /// Its write ordering, if it has one.
@@ -343,9 +361,15 @@ impl RingFile {
         if res < 0 {
             return Err(io::Error::from_raw_os_error(-res as i32));
         }
-        // Only a read of the header's first bytes looks at the flag (data reads never do).
-        if !write && offset <= DIRTY_BYTE && self.hide_dirty.load(Ordering::Acquire) {
-            hide_dirty_bit(iovecs, offset, res as u64);
+        // Only a read of the header's first bytes looks at the flags (data reads never do).
+        if !write && offset <= JOURNAL_OWNS_MARK_BYTE.0 {
+            let hidden = self.hidden.load(Ordering::Acquire);
+            if hidden & HIDE_DIRTY != 0 {
+                hide_bit(iovecs, offset, res as u64, (DIRTY_BYTE, 1 << DIRTY));
+            }
+            if hidden & HIDE_JOURNAL_OWNER != 0 {
+                hide_bit(iovecs, offset, res as u64, JOURNAL_OWNS_MARK_BYTE);
+            }
         }
         if let (true, Some(order)) = (write, &self.order) {
             self.wrote(order, mode, iovecs, offset, res as u64);
@@ -405,18 +429,19 @@ impl RingFile {
     }
 }
 
-/// Clears the dirty bit in `done` bytes read into `iovecs` from `offset`, if they hold it.
-fn hide_dirty_bit(iovecs: &[libc::iovec], offset: u64, done: u64) {
-    if !(offset..offset + done).contains(&DIRTY_BYTE) {
+/// Clears the bits `mask` of the file's byte `byte` in `done` bytes read into `iovecs` from
+/// `offset`, if they hold it.
+fn hide_bit(iovecs: &[libc::iovec], offset: u64, done: u64, (byte, mask): (u64, u8)) {
+    if !(offset..offset + done).contains(&byte) {
         return;
     }
-    let mut at = DIRTY_BYTE - offset;
+    let mut at = byte - offset;
     for v in iovecs {
         let len = v.iov_len as u64;
         if at < len {
             // SAFETY: the iovec's buffer is valid for this call (imago's), and byte `at` of it
             // was just read into.
-            unsafe { *v.iov_base.cast::<u8>().add(at as usize) &= !(1 << DIRTY) };
+            unsafe { *v.iov_base.cast::<u8>().add(at as usize) &= !mask };
             return;
         }
         at -= len;

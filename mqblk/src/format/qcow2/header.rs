@@ -26,7 +26,21 @@ const EXT_END: u32 = 0;
 pub const INCOMPATIBLE_FEATURES_AT: u64 = 72;
 
 /// Where a version 3 header keeps its autoclear feature bits (a big-endian u64).
-const AUTOCLEAR_FEATURES_AT: usize = 88;
+pub const AUTOCLEAR_FEATURES_AT: u64 = 88;
+
+/// The autoclear bit mqblk sets on an image it serves with `metadata-commit=journal`: a dirty
+/// mark found with it set is that daemon's, which its journal covers. The qcow2 spec reserves
+/// autoclear bits 2-63 and asks every writer that does not know one to clear it before it
+/// writes the image, as QEMU does (`qemu-img check -r`, a guest's QEMU), so an image another
+/// program has written since (and may have marked dirty itself) has it clear, and its mark is
+/// not taken for the journal's. imago would clear it too, by writing the whole header when it
+/// opens an image: reads of the header through mqblk's storage hide it from imago
+/// (`engine::qcow2::storage`).
+pub const JOURNAL_OWNS_MARK: u64 = 1 << 63;
+
+/// The header's byte that holds [`JOURNAL_OWNS_MARK`] (the field's first: it is big-endian),
+/// and the bit within it.
+pub const JOURNAL_OWNS_MARK_BYTE: (u64, u8) = (AUTOCLEAR_FEATURES_AT, 1 << 7);
 
 /// The incompatible feature bits and what each means for mqblk. A served image has none set,
 /// so a writer that marks it dirty (`metadata-commit=flush`) knows the whole field.
@@ -51,13 +65,22 @@ pub fn unmark_dirty(head: &mut [u8]) {
 }
 
 /// Whether a head read from an image carries the dirty bit and nothing that an opening
-/// library would write back into the header (autoclear feature bits, which imago clears on a
-/// writable open by writing the whole header, the dirty bit with it).
+/// library would write back into the header (autoclear feature bits other than
+/// [`JOURNAL_OWNS_MARK`], which imago clears on a writable open by writing the whole header,
+/// the dirty bit with it).
 pub fn marked_dirty_alone(head: &[u8]) -> bool {
     head.len() >= 104
         && be32(head, 4) == 3
         && be64(head, INCOMPATIBLE_FEATURES_AT as usize) == 1 << DIRTY
-        && be64(head, AUTOCLEAR_FEATURES_AT) == 0
+        && be64(head, AUTOCLEAR_FEATURES_AT as usize) & !JOURNAL_OWNS_MARK == 0
+}
+
+/// Whether a head read from an image says that its dirty mark, if any, is that of a daemon
+/// serving it with `metadata-commit=journal` (see [`JOURNAL_OWNS_MARK`]).
+pub fn journal_owns_mark(head: &[u8]) -> bool {
+    head.len() >= 104
+        && be32(head, 4) == 3
+        && be64(head, AUTOCLEAR_FEATURES_AT as usize) & JOURNAL_OWNS_MARK != 0
 }
 
 /// Names of the incompatible features this file knows but mqblk does not serve.
@@ -442,6 +465,22 @@ fn canonical(path: &Path) -> Result<PathBuf, Qcow2Error> {
 mod tests {
     use super::*;
     use crate::config::qcow2::DEFAULT_TABLE_MEMORY_MAX;
+
+    #[test]
+    fn a_mark_is_the_journals_only_with_its_autoclear_bit_and_no_other() {
+        let mut h = v3(1 << 30, 1 << DIRTY, None);
+        assert!(marked_dirty_alone(&h) && !journal_owns_mark(&h));
+        let at = AUTOCLEAR_FEATURES_AT as usize;
+        h[at..at + 8].copy_from_slice(&JOURNAL_OWNS_MARK.to_be_bytes());
+        assert!(marked_dirty_alone(&h) && journal_owns_mark(&h));
+        assert_eq!(
+            h[JOURNAL_OWNS_MARK_BYTE.0 as usize], JOURNAL_OWNS_MARK_BYTE.1,
+            "the byte storage hides"
+        );
+        // Another autoclear bit: imago would write the whole header, dirty bit and all.
+        h[at + 7] = 1;
+        assert!(!marked_dirty_alone(&h) && journal_owns_mark(&h));
+    }
 
     /// A version 3 header of `size` bytes with 64 KiB clusters, `incompat` bits, and an
     /// optional backing file (name, format extension).

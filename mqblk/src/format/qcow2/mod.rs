@@ -87,6 +87,15 @@ pub enum Qcow2Error {
         /// Where its journal should be.
         journal: String,
     },
+    /// An image a crash of mqblk in `metadata-commit=journal` left marked, opened in another
+    /// mode, which would not replay the journal (nor would a repair).
+    #[error("{image} is marked dirty by a crash of mqblk serving it with metadata-commit=journal, and its metadata journal {journal} holds the mappings of the writes into new clusters acknowledged since the guest's last flush: serve it with metadata-commit=journal, which replays them (`qemu-img check -r all` would drop them)")]
+    MarkedByJournal {
+        /// The image.
+        image: String,
+        /// Its journal.
+        journal: String,
+    },
     /// A backing chain that comes back to itself.
     #[error("the backing chain loops: {0}")]
     BackingLoop(String),
