@@ -129,6 +129,33 @@ pub fn open(cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> {
     open_path(path, cfg)
 }
 
+/// `mqblk replay-journal`: serves nothing. Opens the existing qcow2 image at `path` as an
+/// export in `metadata-commit=journal` would (over a backing file of `backing_format` where
+/// the image's header does not record one), which replays its journal if a crash of mqblk
+/// left the image marked ([`journal_replay`]), and closes it: unmarked, for QEMU's tools or
+/// an export in another mode. An image the journal did not mark is left as it is; returns
+/// whether it was marked.
+pub fn replay_journal(
+    path: &Path,
+    backing_format: Option<BackingFormat>,
+) -> Result<bool, OpenError> {
+    let head = header::read_head(path)?;
+    if !(header::marked_dirty_alone(&head) && header::journal_owns_mark(&head)) {
+        // Left as it is: refused, in its one line, if it is marked otherwise.
+        header::parse(path, &head)?;
+        return Ok(false);
+    }
+    let mut cfg = ExportConfig {
+        path: Some(path.to_path_buf()),
+        format: crate::config::qcow2::ImageFormat::Qcow2,
+        ..ExportConfig::default()
+    };
+    cfg.qcow2.backing_format = backing_format;
+    cfg.qcow2.metadata_commit = MetadataCommit::Journal;
+    drop(open_path(path, &cfg)?);
+    Ok(true)
+}
+
 fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> {
     if !path.exists() {
         if cfg.readonly {

@@ -89,7 +89,7 @@ pub enum Qcow2Error {
     },
     /// An image a crash of mqblk in `metadata-commit=journal` left marked, opened in another
     /// mode, which would not replay the journal (nor would a repair).
-    #[error("{image} is marked dirty by a crash of mqblk serving it with metadata-commit=journal, and its metadata journal {journal} holds the mappings of the writes into new clusters acknowledged since the guest's last flush: serve it with metadata-commit=journal, which replays them (`qemu-img check -r all` would drop them)")]
+    #[error("{image} is marked dirty by a crash of mqblk serving it with metadata-commit=journal, and its metadata journal {journal} holds the mappings of the writes into new clusters acknowledged since the guest's last flush: replay them with `mqblk replay-journal {image}`, or serve it with metadata-commit=journal, which replays them too (`qemu-img check -r all` would drop them)")]
     MarkedByJournal {
         /// The image.
         image: String,
