@@ -347,6 +347,23 @@ fn replay_journal_hands_a_crashed_image_to_qemu_with_every_acknowledged_write() 
     );
 }
 
+/// A marked image a daemon still serves is not a crash's: `mqblk replay-journal` refuses it.
+#[test]
+fn replay_journal_leaves_an_image_a_daemon_serves() {
+    let dir = TestDir::new();
+    let (img, sock, export) = journal_overlay(&dir);
+    let d = Daemon::start(&dir, std::slice::from_ref(&export));
+    let mut c = Client::connect(&sock, 1).unwrap();
+    c.write(0, 0, &pattern_bytes(BLOCK, 0, Some(1))).unwrap();
+    assert_eq!(dirty_bit(&img), 1, "marked until the guest flushes");
+    let (ok, out) = replay_journal(&img);
+    assert!(!ok && out.contains("in use by another process"), "{out}");
+    assert_eq!(dirty_bit(&img), 1);
+    drop(c);
+    d.terminate();
+    assert_eq!(dirty_bit(&img), 0);
+}
+
 /// Sets the bits `mask` of byte `at` of `img`'s header, as another program's write would.
 fn set_header_bits(img: &Path, at: u64, mask: u8) {
     use std::os::unix::fs::FileExt;

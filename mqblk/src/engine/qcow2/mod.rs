@@ -145,6 +145,18 @@ pub fn replay_journal(
         header::parse(path, &head)?;
         return Ok(false);
     }
+    let served = dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
+        what: "cannot read the header of",
+        path: path.display().to_string(),
+        err,
+    })?;
+    if served {
+        return Err(LockError::InUse {
+            path: path.display().to_string(),
+            conflict: "serves it, marked by its journal's daemon".into(),
+        }
+        .into());
+    }
     let mut cfg = ExportConfig {
         path: Some(path.to_path_buf()),
         format: crate::config::qcow2::ImageFormat::Qcow2,
