@@ -267,7 +267,7 @@ fn replay_journal(image: &Path, backing_format: Option<&str>) -> anyhow::Result<
     let marked = mqblk::engine::qcow2::replay_journal(image, backing_format)?;
     match marked {
         true => println!(
-            "{}: replayed (its metadata journal's mappings are in the image); unmarked",
+            "{}: marked by mqblk's metadata journal; recovered as logged above, and unmarked",
             image.display()
         ),
         false => println!(

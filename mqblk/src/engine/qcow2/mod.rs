@@ -378,7 +378,7 @@ impl Qcow2Engine {
         }
         // Before imago reads a refcount again, and allocates.
         image.mend_tables()?;
-        // A live migration's source has let the image go: it is this process's to mark.
+        // The image is this process's to mark now (a migration's source, if any, let it go).
         image.claim_marks()?;
         let writable = image.tables.is_some();
         if writable {
