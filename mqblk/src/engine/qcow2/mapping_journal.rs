@@ -193,6 +193,15 @@ impl MappingJournal {
         cluster_bits: u32,
         create: bool,
     ) -> io::Result<MappingJournal> {
+        if boot_id().is_none() {
+            // Without it a crash would read as a reboot, and its records would not be replayed.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "cannot read this boot's id (/proc/sys/kernel/random/boot_id), which the \
+                 journal needs to tell a crash of mqblk from a reboot: serve the image with \
+                 metadata-commit=write or flush",
+            ));
+        }
         let path = crate::format::qcow2::journal_path(image);
         let capacity = capacity_for(cluster_bits);
         let mapped = HEADER + (capacity * 16).next_multiple_of(4096);
@@ -335,7 +344,9 @@ impl MappingJournal {
         h[AT_INO..AT_INO + 8].copy_from_slice(&id.ino.to_le_bytes());
         h[AT_BORN..AT_BORN + 8].copy_from_slice(&id.born.0.to_le_bytes());
         h[AT_BORN + 8..AT_BORN + 12].copy_from_slice(&id.born.1.to_le_bytes());
-        let boot = boot_id().copied().unwrap_or([0; BOOT_ID_LEN]);
+        let boot = boot_id()
+            .copied()
+            .expect("checked when the journal was opened");
         h[AT_BOOT_ID..AT_BOOT_ID + BOOT_ID_LEN].copy_from_slice(&boot);
         h[AT_CAPACITY..AT_CAPACITY + 8].copy_from_slice(&capacity.to_le_bytes());
         self.word(AT_STATE).store(state, Ordering::Release);
