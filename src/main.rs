@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{ensure, Context};
 use clap::{Parser, Subcommand};
 
+use mqblk::config::qcow2::BackingFormat;
 use mqblk::config::{self, ExportConfig};
 use mqblk::daemon::ServeOptions;
 use mqblk::sandbox::SandboxOptions;
@@ -89,9 +90,10 @@ enum Cmd {
     ReplayJournal {
         /// The qcow2 image (its journal is IMAGE.mqblk-journal beside it).
         image: PathBuf,
-        /// The backing file's format, where the image's header does not record it.
-        #[arg(long, value_name = "FORMAT", value_parser = ["raw", "qcow2"])]
-        backing_format: Option<String>,
+        /// The backing file's format, where the image's header does not record it: raw or
+        /// qcow2.
+        #[arg(long, value_name = "FORMAT", value_parser = parse_backing_format)]
+        backing_format: Option<BackingFormat>,
     },
     /// Talk to a running daemon's management API: prints the reply as JSON.
     #[command(after_help = ctl::HELP)]
@@ -256,14 +258,18 @@ fn run_bench(args: &mqblk_bench::BenchArgs) -> anyhow::Result<()> {
     mqblk_bench::bench(&opts, &command)
 }
 
+/// `--backing-format`, read as the export key `backing-format=` reads it.
+fn parse_backing_format(value: &str) -> Result<BackingFormat, String> {
+    let key = config::keys::key("backing-format").expect("an export key");
+    let mut cfg = ExportConfig::default();
+    key.apply(&mut cfg, value)
+        .and(cfg.qcow2.backing_format)
+        .ok_or_else(|| key.allowed.to_string())
+}
+
 /// `mqblk replay-journal`.
-fn replay_journal(image: &Path, backing_format: Option<&str>) -> anyhow::Result<()> {
-    use mqblk::config::qcow2::BackingFormat;
+fn replay_journal(image: &Path, backing_format: Option<BackingFormat>) -> anyhow::Result<()> {
     logging::init("info")?;
-    let backing_format = backing_format.map(|f| match f {
-        "qcow2" => BackingFormat::Qcow2,
-        _ => BackingFormat::Raw,
-    });
     let marked = mqblk::engine::qcow2::replay_journal(image, backing_format)?;
     match marked {
         true => println!(
@@ -312,7 +318,7 @@ fn main() -> ExitCode {
         Cmd::ReplayJournal {
             image,
             backing_format,
-        } => replay_journal(&image, backing_format.as_deref()),
+        } => replay_journal(&image, backing_format),
         Cmd::Ctl(args) => ctl::run(&args),
         Cmd::Demo(args) => run_demo(args),
         Cmd::Bench(args) => run_bench(&args),

@@ -54,7 +54,7 @@ use super::image::{
 };
 use super::jobs::{Hint, IoVecs, Job, Jobs, ToSignal, Work};
 use super::mapping::Target;
-use super::mapping_journal::Mapped;
+use super::mapping_journal::{self, Mapped};
 use super::test_hooks;
 use super::uring_io;
 
@@ -357,7 +357,7 @@ async fn journal_mappings(image: &Image, offset: u64, len: u64, changed: bool) -
         return false;
     }
     let bits = image.cluster_bits;
-    let capacity = image.journal().map_or(0, |j| j.capacity());
+    let capacity = mapping_journal::capacity_for(bits);
     let (first, end) = (
         offset >> bits,
         (offset + len.max(1)).next_multiple_of(1 << bits) >> bits,

@@ -140,17 +140,12 @@ pub fn replay_journal(
     backing_format: Option<BackingFormat>,
 ) -> Result<bool, OpenError> {
     let head = header::read_head(path)?;
-    if !(header::marked_dirty_alone(&head) && header::journal_owns_mark(&head)) {
+    if !header::marked_by_journal(&head) {
         // Left as it is: refused, in its one line, if it is marked otherwise.
         header::parse(path, &head)?;
         return Ok(false);
     }
-    let served = dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
-        what: "cannot read the header of",
-        path: path.display().to_string(),
-        err,
-    })?;
-    if served {
+    if marked_by_a_live_server(path)? {
         return Err(LockError::InUse {
             path: path.display().to_string(),
             conflict: "serves it, marked by its journal's daemon".into(),
@@ -168,6 +163,15 @@ pub fn replay_journal(
     Ok(true)
 }
 
+/// [`dirty_mark::marked_by_a_live_server`], its error an [`OpenError`].
+fn marked_by_a_live_server(path: &Path) -> Result<bool, OpenError> {
+    dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
+        what: "cannot read the header of",
+        path: path.display().to_string(),
+        err,
+    })
+}
+
 fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> {
     if !path.exists() {
         if cfg.readonly {
@@ -180,20 +184,13 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     let commit = cfg.qcow2.metadata_commit;
     // Another daemon's mark (a live migration's source in flush mode, whatever this one's
     // mode), not a crash's: see `dirty_mark`.
-    let marked_live = !cfg.readonly
-        && dirty_mark::marked_by_a_live_server(path).map_err(|err| OpenError::Io {
-            what: "cannot read the header of",
-            path: path.display().to_string(),
-            err,
-        })?;
+    let marked_live = !cfg.readonly && marked_by_a_live_server(path)?;
     // `metadata-commit=journal`: a crash's mark, which the journal's records may cover
     // (`journal_replay`), let through to be replayed once the image's locks are taken. Only
     // a mark the header says is the journal's: another program's (QEMU's, after a repair of
     // the crash) is refused as dirty.
-    let marked_by_journal = !cfg.readonly && !marked_live && {
-        let head = header::read_head(path)?;
-        header::marked_dirty_alone(&head) && header::journal_owns_mark(&head)
-    };
+    let marked_by_journal =
+        !cfg.readonly && !marked_live && header::marked_by_journal(&header::read_head(path)?);
     let crashed_journal = cfg.keeps_qcow2_journal() && marked_by_journal;
     // Missing, or empty: made at startup for the sandbox (`daemon::serve`), never written.
     let journal = qcow2_format::journal_path(path);

@@ -75,6 +75,13 @@ pub fn marked_dirty_alone(head: &[u8]) -> bool {
         && be64(head, AUTOCLEAR_FEATURES_AT as usize) & !JOURNAL_OWNS_MARK == 0
 }
 
+/// Whether a head read from an image is marked dirty by a daemon serving it with
+/// `metadata-commit=journal`: the dirty bit alone ([`marked_dirty_alone`]), and the journal's
+/// autoclear bit ([`journal_owns_mark`]).
+pub fn marked_by_journal(head: &[u8]) -> bool {
+    marked_dirty_alone(head) && journal_owns_mark(head)
+}
+
 /// Whether a head read from an image says that its dirty mark, if any, is that of a daemon
 /// serving it with `metadata-commit=journal` (see [`JOURNAL_OWNS_MARK`]).
 pub fn journal_owns_mark(head: &[u8]) -> bool {
@@ -472,14 +479,14 @@ mod tests {
         assert!(marked_dirty_alone(&h) && !journal_owns_mark(&h));
         let at = AUTOCLEAR_FEATURES_AT as usize;
         h[at..at + 8].copy_from_slice(&JOURNAL_OWNS_MARK.to_be_bytes());
-        assert!(marked_dirty_alone(&h) && journal_owns_mark(&h));
+        assert!(marked_dirty_alone(&h) && journal_owns_mark(&h) && marked_by_journal(&h));
         assert_eq!(
             h[JOURNAL_OWNS_MARK_BYTE.0 as usize], JOURNAL_OWNS_MARK_BYTE.1,
             "the byte storage hides"
         );
         // Another autoclear bit: imago would write the whole header, dirty bit and all.
         h[at + 7] = 1;
-        assert!(!marked_dirty_alone(&h) && journal_owns_mark(&h));
+        assert!(!marked_dirty_alone(&h) && journal_owns_mark(&h) && !marked_by_journal(&h));
     }
 
     /// A version 3 header of `size` bytes with 64 KiB clusters, `incompat` bits, and an
