@@ -498,6 +498,14 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
+    /// The records `j` holds for a replay of this boot, which it must hold.
+    fn this_boot(j: &MappingJournal) -> Vec<(u64, Mapped)> {
+        match j.pending_records() {
+            Pending::ThisBoot { records, .. } => records,
+            p => panic!("{p:?}"),
+        }
+    }
+
     fn journal(dir: &Path) -> (PathBuf, File, MappingJournal) {
         let img = dir.join("disk.qcow2");
         std::fs::write(&img, b"image").unwrap();
@@ -532,12 +540,7 @@ mod tests {
             p => panic!("{p:?}"),
         }
         j.checkpoint(covered);
-        match other.pending_records() {
-            Pending::ThisBoot { records, .. } => {
-                assert_eq!(records, vec![(7, Mapped::Data(0x50000))])
-            }
-            p => panic!("{p:?}"),
-        }
+        assert_eq!(this_boot(&other), vec![(7, Mapped::Data(0x50000))]);
         // Not done: a record came after the write-back began.
         j.close_if_done(covered);
         assert!(matches!(other.pending_records(), Pending::ThisBoot { .. }));
@@ -559,10 +562,7 @@ mod tests {
         );
         // Begun anew by the next record, emptied.
         assert!(j.append(&[(9, Mapped::Zero)]));
-        match other.pending_records() {
-            Pending::ThisBoot { records, .. } => assert_eq!(records, vec![(9, Mapped::Zero)]),
-            p => panic!("{p:?}"),
-        }
+        assert_eq!(this_boot(&other), vec![(9, Mapped::Zero)]);
     }
 
     #[test]
@@ -580,10 +580,7 @@ mod tests {
         // One writing its own records keeps them.
         assert!(next.append(&[(5, Mapped::Zero)]));
         next.forget_others();
-        match next.pending_records() {
-            Pending::ThisBoot { records, .. } => assert_eq!(records, vec![(5, Mapped::Zero)]),
-            p => panic!("{p:?}"),
-        }
+        assert_eq!(this_boot(&next), vec![(5, Mapped::Zero)]);
     }
 
     #[test]
