@@ -81,6 +81,12 @@ enum Cmd {
         /// Default: half the host's memory.
         #[arg(long, value_name = "BYTES", value_parser = parse_table_memory_total)]
         table_memory_total: Option<u64>,
+        /// Where the daemon keeps what must outlive it: the qcow2 exports' metadata journals
+        /// (qcow2-journals/), which a daemon serving an image after a crash of mqblk replays,
+        /// so every mqblk on the host must use the same one. Default: $STATE_DIRECTORY
+        /// (systemd's StateDirectory=), else /var/lib/mqblk.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
     },
     /// Replay the metadata journal of a qcow2 image that a crash of mqblk left marked dirty
     /// under metadata-commit=journal, without serving it: afterwards the image is unmarked and
@@ -88,12 +94,16 @@ enum Cmd {
     /// on the marked image would drop them) or an export in another mode. Nothing is done to
     /// an image the journal did not mark; one another program marked is refused.
     ReplayJournal {
-        /// The qcow2 image (its journal is IMAGE.mqblk-journal beside it).
+        /// The qcow2 image.
         image: PathBuf,
         /// The backing file's format, where the image's header does not record it: raw or
         /// qcow2.
         #[arg(long, value_name = "FORMAT", value_parser = parse_backing_format)]
         backing_format: Option<BackingFormat>,
+        /// The state directory of the daemon that served the image, where its journal is (as
+        /// mqblk serve's --state-dir; the same default).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
     },
     /// Talk to a running daemon's management API: prints the reply as JSON.
     #[command(after_help = ctl::HELP)]
@@ -298,6 +308,7 @@ fn main() -> ExitCode {
             user,
             group,
             table_memory_total,
+            state_dir,
         } => serve(
             &exports,
             config.as_ref(),
@@ -307,6 +318,7 @@ fn main() -> ExitCode {
                 api_socket,
                 metrics,
                 table_memory_total,
+                state_dir,
                 sandbox: SandboxOptions {
                     mode: sandbox,
                     allow_dirs,
@@ -318,7 +330,11 @@ fn main() -> ExitCode {
         Cmd::ReplayJournal {
             image,
             backing_format,
-        } => replay_journal(&image, backing_format),
+            state_dir,
+        } => {
+            mqblk::config::state_dir::set(state_dir);
+            replay_journal(&image, backing_format)
+        }
         Cmd::Ctl(args) => ctl::run(&args),
         Cmd::Demo(args) => run_demo(args),
         Cmd::Bench(args) => run_bench(&args),

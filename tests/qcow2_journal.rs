@@ -1,5 +1,5 @@
 //! `metadata-commit=journal`: a write into a new cluster completes once its mapping is recorded
-//! in the journal beside the image, the tables are written back at the guest's flush, and a
+//! in the journal (in the state directory), the tables are written back at the guest's flush, and a
 //! daemon that serves the image after a crash replays the journal. Checked against QEMU's own
 //! tools: after the replay every acknowledged write reads back through mqblk and through
 //! `qemu-img convert`, and `qemu-img check` finds no corruption. A journal of another boot is
@@ -14,12 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mqblk::format::qcow2::header::{DIRTY, DIRTY_BYTE};
-use mqblk::format::qcow2::journal_path as journal_of;
 use mqblk_client::Client;
 use support::daemon::*;
 use support::qemu_img::{
     assert_checks_clean, dirty_bit, qemu_img_ok, qemu_io_ok, read_through_qemu,
 };
+
+/// Where the daemon keeps the journal of the image at `img` (in the default state directory).
+fn journal_of(img: &Path) -> PathBuf {
+    mqblk::format::qcow2::journal_path(img).unwrap()
+}
 
 const SIZE: u64 = 32 << 20;
 const CLUSTER: u64 = 64 << 10;
@@ -50,12 +54,16 @@ fn journal_overlay(dir: &TestDir) -> (PathBuf, PathBuf, Export) {
 
 /// The overlay `img` over `base.raw` beside it, on two queues, in `metadata-commit=commit`.
 fn overlay(sock: &Path, img: &Path, commit: &str) -> Export {
+    default_overlay(sock, img).set("metadata-commit", commit)
+}
+
+/// The same in the default mode (`metadata-commit=auto`).
+fn default_overlay(sock: &Path, img: &Path) -> Export {
     Export::file(sock, img)
         .queues(2)
         .set("format", "qcow2")
         .set("backing", "base.raw")
         .set("backing-format", "raw")
-        .set("metadata-commit", commit)
 }
 
 /// The bytes block `offset` should hold after `b` (the base's where nothing was written).
@@ -496,4 +504,123 @@ fn a_replay_cut_short_runs_again_from_what_it_staged() {
     drop(c);
     d.terminate();
     assert_checks_clean(&img, true);
+}
+
+/// The default, `metadata-commit=auto`, keeps a journal for a version 3 image (in the state
+/// directory, not beside the image), so a crash under it loses no acknowledged write: a daemon
+/// in the default mode replays the journal, and QEMU then reads every acknowledged block.
+#[test]
+fn the_default_mode_journals_a_version_3_image_and_replays_it_after_a_crash() {
+    let dir = TestDir::new();
+    dir.image("base.raw", SIZE, Some(BASE_SEED));
+    let img = dir.join("disk.qcow2");
+    let sock = dir.join("q.sock");
+    let export = default_overlay(&sock, &img);
+    let mut d = Daemon::start(&dir, std::slice::from_ref(&export));
+    assert!(
+        d.log()
+            .contains("metadata-commit=auto: new clusters' mappings are journaled"),
+        "not said:\n{}",
+        d.log()
+    );
+    let acked = kill_under_writes(&mut d, &sock, 300);
+    drop(d);
+    assert_eq!(dirty_bit(&img), 1, "left marked by the crash");
+    assert!(journal_of(&img).starts_with(mqblk::config::state_dir::get()));
+    let beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("journal"))
+        .collect();
+    assert!(beside.is_empty(), "beside the image: {beside:?}");
+
+    let d = Daemon::start(&dir, std::slice::from_ref(&export));
+    assert!(
+        d.log().contains("mappings its metadata journal recorded"),
+        "no replay logged:\n{}",
+        d.log()
+    );
+    d.terminate();
+    assert_eq!(dirty_bit(&img), 0);
+    assert_checks_clean(&img, true);
+    let back = read_through_qemu(&img, &dir.join("back.raw"));
+    assert_reads_back(&acked, |offset| {
+        back[offset as usize..(offset + BLOCK) as usize].to_vec()
+    });
+}
+
+/// Where no journal can be kept, the default takes `metadata-commit=write` and says so at the
+/// image's open: a version 2 image (which cannot be marked dirty), and a state directory mqblk
+/// cannot make. Either way a crash loses no acknowledged write, with no journal to replay, and
+/// the image is never left marked. `metadata-commit=journal`, asked for, refuses to start
+/// instead, naming the directory.
+#[test]
+fn the_default_mode_writes_the_tables_back_where_no_journal_can_be_kept() {
+    let dir = TestDir::new();
+    let blocked = dir.join("not-a-directory");
+    std::fs::write(&blocked, b"").unwrap();
+    let state_dir = ["--state-dir", blocked.to_str().unwrap()];
+    for (case, compat, args, said) in [
+        (
+            "version 2",
+            "0.10",
+            &[][..],
+            "a version 2 image cannot be marked",
+        ),
+        (
+            "no state directory",
+            "1.1",
+            &state_dir[..],
+            "no metadata journal",
+        ),
+    ] {
+        let img = dir.join("disk.qcow2");
+        let _ = std::fs::remove_file(&img);
+        qemu_img_ok(&[
+            "create",
+            "-f",
+            "qcow2",
+            "-o",
+            &format!("compat={compat}"),
+            img.to_str().unwrap(),
+            &SIZE.to_string(),
+        ]);
+        // One a deleted image with this inode left in the state directory.
+        let _ = std::fs::remove_file(journal_of(&img));
+        let sock = dir.join("v.sock");
+        let export = Export::file(&sock, &img).set("format", "qcow2");
+        let mut d = Daemon::start_args(&dir, std::slice::from_ref(&export), args);
+        assert!(d.log().contains(said), "{case}: not said:\n{}", d.log());
+        let mut c = Client::connect(&sock, 1).unwrap();
+        let blocks: Vec<u64> = (0..8).map(|i| i * 3 * CLUSTER + 4096).collect();
+        for &at in &blocks {
+            c.write(0, at, &pattern_bytes(BLOCK, at, Some(7))).unwrap();
+        }
+        d.signal(rustix::process::Signal::KILL);
+        assert!(d.wait_exit(Duration::from_secs(10)).is_some());
+        drop(c);
+        drop(d);
+        assert_eq!(dirty_bit(&img), 0, "{case}: marked");
+        assert!(!journal_of(&img).exists(), "{case}: a journal was kept");
+        assert_checks_clean(&img, true);
+        let back = read_through_qemu(&img, &dir.join("back.raw"));
+        for &at in &blocks {
+            assert_eq!(
+                back[at as usize..(at + BLOCK) as usize],
+                pattern_bytes(BLOCK, at, Some(7))[..],
+                "{case}: acknowledged block {at} lost"
+            );
+        }
+    }
+    let img = dir.join("disk.qcow2");
+    let journal = Export::file(dir.join("j.sock"), &img)
+        .set("format", "qcow2")
+        .set("metadata-commit", "journal");
+    let mut args = export_arg(journal.spec());
+    args.extend(state_dir.iter().map(|a| a.to_string()));
+    let e = serve_fails(&args, Duration::from_secs(10));
+    assert!(
+        e.contains("metadata journal") && e.contains(blocked.to_str().unwrap()),
+        "{e}"
+    );
 }

@@ -199,9 +199,36 @@ fn strict_with_user_and_group_runs_unprivileged_and_serves() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o666)).unwrap();
     let sock = dir.join("vhost.sock");
+    // A qcow2 image too, which the default metadata-commit=auto serves with a journal.
+    let qcow2 = dir.join("disk.qcow2");
+    let qcow2_sock = dir.join("qcow2.sock");
+    let exports = [
+        Export::file(&sock, &image),
+        Export::file(&qcow2_sock, &qcow2)
+            .set("format", "qcow2")
+            .set("size", &(4 * MIB).to_string()),
+    ];
     let args = ["--sandbox", "strict", "--user", "65534", "--group", "65534"];
-    let daemon = Daemon::start_args(&dir, &[Export::file(&sock, &image)], &args);
+    let daemon = Daemon::start_args(&dir, &exports, &args);
     verify(&sock, 1, 0x99);
+    verify(&qcow2_sock, 1, 0x9a);
+    // In the journals' directory of the daemon's user, which the daemon made and gave to that
+    // user before it gave up root.
+    use std::os::unix::fs::MetadataExt;
+    let name = mqblk::format::qcow2::journal_path(&qcow2).unwrap();
+    let journals = mqblk::config::state_dir::qcow2_journals_of(65534);
+    let journal = journals.join(name.file_name().unwrap());
+    assert!(
+        daemon
+            .log()
+            .contains("new clusters' mappings are journaled"),
+        "{}",
+        daemon.log()
+    );
+    for path in [&journals, &journal] {
+        let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!((m.uid(), m.gid()), (65534, 65534), "{}", path.display());
+    }
     assert_confined(daemon.pid(), 1);
     let status = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
     for key in ["Uid:", "Gid:"] {

@@ -331,9 +331,9 @@ const GENERAL: &[Key] = &[
     choice_key!(
         "metadata-commit",
         qcow2.metadata_commit,
-        MetadataCommit { "write" => Write, "flush" => Flush, "journal" => Journal },
-        "write, flush or journal",
-        "format=qcow2: when a write into a new cluster has its mapping written to the image file: `write` (default) before the write completes, so a crash of mqblk loses no acknowledged write (a guest that reconnects finds them all); `flush` at the guest's next flush, as QEMU does (faster allocating writes; a crash loses those since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); `journal` at the guest's next flush too, with each new mapping recorded before its write completes in a journal file beside the image (IMAGE.mqblk-journal), which mqblk replays when it serves the image again after its crash, so that none is lost (after a power loss the image holds its last flush); flush and journal need a qcow2 v3 image",
+        MetadataCommit { "auto" => Auto, "write" => Write, "flush" => Flush, "journal" => Journal },
+        "auto, write, flush or journal",
+        "format=qcow2: when a write into a new cluster has its mapping written to the image file: `journal` at the guest's next flush, with each new mapping recorded before its write completes in a journal in the state directory (--state-dir), which mqblk replays when it serves the image again after its crash, so that none is lost (after a power loss the image holds its last flush); `write` before the write completes, which keeps the same promise (a guest that reconnects after a crash finds every acknowledged write) at a write-back per group of allocating writes; `auto` (default) `journal` where it can be kept (a qcow2 v3 image, a writable state directory), else `write`; `flush` at the guest's next flush, as QEMU does, with no journal (a crash loses the writes into new clusters since the last flush, and the image, marked dirty meanwhile, is then refused until `qemu-img check -r all`); flush and journal need a qcow2 v3 image",
     ),
     choice_key!(
         "preallocation",

@@ -10,6 +10,7 @@ pub mod preallocation;
 pub mod qcow2;
 pub mod qos;
 pub mod rbd;
+pub mod state_dir;
 pub mod tuning;
 pub mod values;
 
@@ -208,11 +209,18 @@ impl Default for ExportConfig {
 }
 
 impl ExportConfig {
-    /// Whether the export keeps a qcow2 metadata journal beside its image
-    /// (`metadata-commit=journal` on a writable qcow2 image).
-    pub fn keeps_qcow2_journal(&self) -> bool {
+    /// Whether the export may keep a qcow2 metadata journal (`metadata-commit=journal` or
+    /// `auto` on a writable qcow2 image).
+    pub fn may_keep_qcow2_journal(&self) -> bool {
         self.format == ImageFormat::Qcow2
             && !self.readonly
+            && self.qcow2.metadata_commit.may_journal()
+    }
+
+    /// Whether the export cannot be served without its qcow2 metadata journal
+    /// (`metadata-commit=journal` on a writable qcow2 image; `auto` does without).
+    pub fn needs_qcow2_journal(&self) -> bool {
+        self.may_keep_qcow2_journal()
             && self.qcow2.metadata_commit == qcow2::MetadataCommit::Journal
     }
 

@@ -41,9 +41,13 @@ impl BackingFormat {
 /// image file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MetadataCommit {
-    /// Before the write completes (the default): a crash of mqblk loses no acknowledged write,
-    /// which a guest that outlives it through a reconnect relies on.
+    /// `Journal` where the image can be marked (version 3) and its journal kept (in the state
+    /// directory), else `Write` (the default). Either keeps the promise that a crash of mqblk
+    /// loses no acknowledged write; the image's open says which it took.
     #[default]
+    Auto,
+    /// Before the write completes: a crash of mqblk loses no acknowledged write, which a guest
+    /// that outlives it through a reconnect relies on.
     Write,
     /// At the guest's next flush, as QEMU's qcow2 driver does: a crash of mqblk loses the
     /// writes into new clusters acknowledged since that flush. The image is marked dirty on
@@ -51,18 +55,24 @@ pub enum MetadataCommit {
     /// served behind what its guest was told.
     Flush,
     /// At the guest's next flush too, with each new cluster's mapping recorded before its write
-    /// completes in a journal file beside the image, which a daemon serving the image after a
-    /// crash replays: a crash of mqblk loses no acknowledged write, as in the default, and a
-    /// power loss leaves the image as of its last write-back, as with `Flush`
+    /// completes in a journal file in the state directory, which a daemon serving the image
+    /// after a crash replays: a crash of mqblk loses no acknowledged write, as with `Write`,
+    /// and a power loss leaves the image as of its last write-back, as with `Flush`
     /// (`engine::qcow2::mapping_journal`).
     Journal,
 }
 
 impl MetadataCommit {
     /// Whether the tables are written back at the guest's flush (and the image marked dirty
-    /// meanwhile), rather than before each write completes.
+    /// meanwhile), rather than before each write completes. `Auto` is resolved to `Journal` or
+    /// `Write` when the image opens, before this is asked.
     pub fn at_flush(self) -> bool {
-        self != MetadataCommit::Write
+        matches!(self, MetadataCommit::Flush | MetadataCommit::Journal)
+    }
+
+    /// Whether the image's mappings may be recorded in a journal.
+    pub fn may_journal(self) -> bool {
+        matches!(self, MetadataCommit::Auto | MetadataCommit::Journal)
     }
 }
 
@@ -119,7 +129,7 @@ impl Default for Qcow2Config {
             cluster_size: DEFAULT_CLUSTER_SIZE,
             l2_cache_size: DEFAULT_L2_CACHE_SIZE,
             table_memory_max: DEFAULT_TABLE_MEMORY_MAX,
-            metadata_commit: MetadataCommit::Write,
+            metadata_commit: MetadataCommit::Auto,
         }
     }
 }

@@ -22,7 +22,6 @@ pub mod stats;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +50,8 @@ pub struct ServeOptions {
     pub table_memory_total: Option<u64>,
     /// How the daemon confines itself.
     pub sandbox: SandboxOptions,
+    /// `--state-dir` (`None`: [`state_dir`](crate::config::state_dir)'s default).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How often the main thread looks at the management API's shutdown request.
@@ -82,7 +83,8 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
     };
     // The boot id, which qcow2 journals record, is read before the sandbox closes /proc.
     crate::engine::qcow2::mapping_journal::prepare();
-    make_journal_files(&exports);
+    crate::config::state_dir::set(opts.state_dir.clone());
+    make_journal_directory(&exports, opts);
     sandbox::enter(&opts.sandbox, &needs)?;
     // Bound before the exports start, so that a busy port fails the start at once.
     let mut metrics = match opts.metrics {
@@ -140,19 +142,21 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
     Ok(())
 }
 
-/// Makes the (empty) journal file of each startup export served with `metadata-commit=journal`
-/// whose image exists, so that the sandbox grants that file rather than the image's directory.
-/// An error is left for the export's open to report.
-fn make_journal_files(exports: &[ExportConfig]) {
-    for cfg in exports {
-        let Some(path) = &cfg.path else { continue };
-        if cfg.keeps_qcow2_journal() && path.exists() {
-            let _ = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(crate::format::qcow2::journal_path(path));
+/// Makes the directory of the qcow2 metadata journals (in the state directory) for the sandbox
+/// to grant (and to make the daemon's user's own in), where a startup export may keep a journal or the API may add one that does. A
+/// failure is left for the exports' opens: `metadata-commit=auto` then does without a journal,
+/// `journal` fails.
+fn make_journal_directory(exports: &[ExportConfig], opts: &ServeOptions) {
+    let startup = exports.iter().any(ExportConfig::may_keep_qcow2_journal);
+    if !startup && opts.api_socket.is_none() {
+        return;
+    }
+    if let Err(err) = crate::config::state_dir::make_qcow2_journals_root() {
+        let dir = crate::config::state_dir::qcow2_journals_root();
+        if startup {
+            tracing::warn!(dir = %dir.display(), %err, "cannot make the directory of the qcow2 metadata journals (give mqblk serve a --state-dir it can write)");
+        } else {
+            tracing::debug!(dir = %dir.display(), %err, "cannot make the directory of the qcow2 metadata journals");
         }
     }
 }

@@ -1,9 +1,9 @@
 //! Landlock: the files and directories the confined daemon may reach, and what it may do there.
 //!
 //! Each export needs its image (read, and unless read-only write and truncate; a missing
-//! image's directory, to create it), with `metadata-commit=journal` the journal beside it (made
-//! at startup, so that the file is granted rather than its directory), and its socket's
-//! directory (make a socket, remove it). The
+//! image's directory, to create it) and its socket's directory (make a socket, remove it); the
+//! qcow2 metadata journals' directory in the state directory (made at startup, granted whatever
+//! the exports: `metadata-commit=auto`, the default, keeps a journal where it can). The
 //! API socket's directory likewise; the stats file's directory to create, write and rename the
 //! file over its old self; Ceph's conf and keyring, read. `--allow-dir` directories get all of
 //! that, for exports the API adds later. Landlock's rules are fixed once applied, so an export
@@ -112,6 +112,10 @@ impl Grants {
             }
         }
         grants.extend(runtime_grants());
+        let journals = journal_grant();
+        if journals.path.is_dir() {
+            grants.push(journals);
+        }
         Grants {
             grants,
             allow_dirs: allow_dirs.to_vec(),
@@ -230,8 +234,8 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
             }
             if cfg.format == ImageFormat::Qcow2 {
                 out.extend(backing_grants(cfg, image));
-                if cfg.keeps_qcow2_journal() {
-                    out.extend(journal_grant(image));
+                if cfg.needs_qcow2_journal() {
+                    out.push(journal_grant());
                 }
             }
         }
@@ -254,21 +258,16 @@ fn export_grants(cfg: &ExportConfig) -> Vec<Grant> {
     out
 }
 
-/// The metadata journal beside the qcow2 image `image`: read and written, or, while it does
-/// not exist, its directory, where mqblk creates it.
-fn journal_grant(image: &Path) -> Option<Grant> {
-    let journal = qcow2::journal_path(image);
-    match journal.canonicalize() {
-        Ok(path) => Some(Grant {
-            path,
-            access: WRITE_IMAGE,
-            what: "the metadata journal of the export's image",
-        }),
-        Err(_) => in_directory(
-            &journal,
-            WRITE_IMAGE | AccessFs::MakeReg,
-            "the directory of the export's image (for its metadata journal)",
-        ),
+/// The directory of the qcow2 metadata journals (in the state directory, which `mqblk serve`
+/// makes before the sandbox closes the filesystem): journals made, read and written there.
+/// Granted whatever the exports given at startup are, so that an export the API adds with
+/// `metadata-commit=auto` (the default) keeps a journal too; one with `journal` needs it.
+fn journal_grant() -> Grant {
+    let dir = crate::config::state_dir::qcow2_journals_root();
+    Grant {
+        path: dir.canonicalize().unwrap_or(dir),
+        access: WRITE_IMAGE | AccessFs::MakeReg,
+        what: "the directory of the qcow2 metadata journals (in --state-dir)",
     }
 }
 

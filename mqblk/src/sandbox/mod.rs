@@ -7,8 +7,9 @@
 //!   rings of I/O threads and qcow2 metadata workers), no new privileges (`PR_SET_NO_NEW_PRIVS`), optionally another user
 //!   and group (`--user`, `--group`);
 //! - `filesystem`: Landlock: only the files and directories the configuration names (images,
-//!   socket directories, the API socket's, the stats file's, Ceph's conf and keyring) and those
-//!   `--allow-dir` adds for exports added later through the API;
+//!   socket directories, the API socket's, the stats file's, Ceph's conf and keyring, the qcow2
+//!   metadata journals' directory in the state directory) and those `--allow-dir` adds for
+//!   exports added later through the API;
 //! - [`seccomp`]: a system-call allowlist for every thread, and a narrower one for each I/O
 //!   thread, which it adds to its own when it starts; a forbidden call ends the daemon
 //!   (`sigsys` says which call and which thread first);
@@ -154,6 +155,7 @@ static CONFINED: OnceLock<Confined> = OnceLock::new();
 pub fn enter(opts: &SandboxOptions, needs: &Needs) -> Result<(), Error> {
     if opts.mode == Mode::Off {
         tracing::warn!("--sandbox off: the daemon runs unconfined");
+        make_journals_dir(None);
         return Ok(());
     }
     let threads = thread_count();
@@ -179,6 +181,7 @@ pub fn enter(opts: &SandboxOptions, needs: &Needs) -> Result<(), Error> {
         }
     };
     let identity = privileges::Identity::resolve(opts.user.as_deref(), opts.group.as_deref())?;
+    make_journals_dir(identity.as_ref());
     let ring_caps = privileges::memlock_exemption();
     privileges::drop_all(identity.as_ref(), ring_caps)?;
 
@@ -225,6 +228,32 @@ pub fn enter(opts: &SandboxOptions, needs: &Needs) -> Result<(), Error> {
     Ok(())
 }
 
+/// Makes the qcow2 metadata journals' directory of the user the daemon is to run as, where the
+/// daemon made the directory of every user's (`daemon::serve`): Landlock would refuse to make
+/// it later. A failure leaves the exports' opens to say what it costs them.
+fn make_journals_dir(identity: Option<&privileges::Identity>) {
+    use crate::config::state_dir;
+    if !state_dir::qcow2_journals_root().is_dir() {
+        return;
+    }
+    let (uid, gid) = identity.map_or_else(
+        || {
+            (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            )
+        },
+        privileges::Identity::owner,
+    );
+    if let Err(err) = state_dir::make_qcow2_journals(uid, gid) {
+        tracing::warn!(
+            dir = %state_dir::qcow2_journals_of(uid).display(),
+            %err,
+            "cannot make the qcow2 metadata journals' directory of the daemon's user"
+        );
+    }
+}
+
 /// Confines the calling I/O thread, once set up, to what its loop does. Does nothing where the
 /// daemon is not confined (`--sandbox off`, `mqblk demo`, unit tests).
 pub fn confine_io_thread() -> std::io::Result<()> {
@@ -264,6 +293,12 @@ fn install_panic_hook() {
             default(info);
         }
     }));
+}
+
+/// Whether the daemon is confined: from then on it makes no directory (seccomp forbids it),
+/// only files where Landlock lets it.
+pub fn confined() -> bool {
+    CONFINED.get().is_some()
 }
 
 /// Whether I/O threads create their rings with an opcode allowlist.

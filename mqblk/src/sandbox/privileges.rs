@@ -38,6 +38,17 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// The user and group the daemon runs as with this identity (the current ones where it
+    /// does not name them).
+    pub(super) fn owner(&self) -> (u32, u32) {
+        let uid = self
+            .uid
+            .unwrap_or_else(|| rustix::process::geteuid().as_raw());
+        (uid, self.gid)
+    }
+}
+
 /// `--user`: its uid and primary gid (a number without a passwd entry: that number for both).
 fn lookup_user(name: &str) -> Result<(u32, u32), Error> {
     match (lookup(name, libc::getpwnam_r), name.parse()) {

@@ -471,8 +471,20 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         header::unmark_dirty(&mut head);
     }
     let top = header::parse(path, &head)?;
-    let dirty = (!readonly && commit.at_flush()).then(DirtyMark::default);
-    if dirty.is_some() && top.version < 3 {
+    let commit = match commit {
+        MetadataCommit::Auto if readonly => MetadataCommit::Write,
+        MetadataCommit::Auto if top.version < 3 => {
+            tracing::info!(
+                image = %path.display(),
+                "metadata-commit=auto: a version 2 image cannot be marked dirty between \
+                 flushes, so each allocating write waits for its mapping's write-back \
+                 (metadata-commit=write; `qemu-img amend -o compat=1.1` upgrades the image)"
+            );
+            MetadataCommit::Write
+        }
+        commit => commit,
+    };
+    if !readonly && commit.at_flush() && top.version < 3 {
         return Err(Qcow2Error::FlushCommitNeedsV3(path.display().to_string()).into());
     }
     let mut below = None;
@@ -495,13 +507,37 @@ pub fn open(path: &Path, layers: &[Layer], opts: TopOptions) -> Result<Image, Op
         Perms::QCOW2_WRITABLE
     };
     let top_lock = ImageLock::new(&file, path, perms)?;
-    let journal = match (writable, commit) {
-        (true, MetadataCommit::Journal) => Some(Mutex::new(
-            MappingJournal::open(path, &file, top.cluster_bits, true)
-                .map_err(io_err("cannot open the metadata journal of", path))?,
-        )),
-        _ => None,
+    let (commit, journal) = match (writable, commit) {
+        (true, MetadataCommit::Journal | MetadataCommit::Auto) => {
+            match MappingJournal::open(&file, top.cluster_bits, true) {
+                Ok(journal) => {
+                    tracing::info!(
+                        image = %path.display(),
+                        journal = %journal.path().display(),
+                        "metadata-commit={}: new clusters' mappings are journaled, and the \
+                         tables written back at the guest's flush",
+                        if commit == MetadataCommit::Auto { "auto" } else { "journal" }
+                    );
+                    (MetadataCommit::Journal, Some(Mutex::new(journal)))
+                }
+                // Nothing to replay (a crash's mark goes on to fail below, as it must): the
+                // image is served as well without, at the write-back's cost.
+                Err(e) if commit == MetadataCommit::Auto && !marked_live => {
+                    tracing::warn!(
+                        image = %path.display(),
+                        err = %e,
+                        "metadata-commit=auto: no metadata journal, so each allocating write \
+                         waits for its mapping's write-back (metadata-commit=write); give \
+                         mqblk serve a --state-dir it can write"
+                    );
+                    (MetadataCommit::Write, None)
+                }
+                Err(e) => return Err(io_err("cannot open the metadata journal of", path)(e)),
+            }
+        }
+        _ => (commit, None),
     };
+    let dirty = (writable && commit.at_flush()).then(DirtyMark::default);
     let mut top_file = ring_file(file, path, writable, direct)?;
     if writable {
         top_file = top_file

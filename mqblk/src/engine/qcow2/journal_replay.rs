@@ -116,7 +116,7 @@ pub fn recover(image: &Image, path: &Path) -> Result<(), OpenError> {
         tracing::warn!(
             image = %path.display(),
             clusters = n,
-            journal = %crate::format::qcow2::journal_path(path).display(),
+            journal = %journal.path().display(),
             "the image was left marked dirty by a crash of mqblk: the mappings its metadata \
              journal recorded since the guest's last flush are replayed"
         );

@@ -1,11 +1,13 @@
-//! `metadata-commit=journal`: the mappings of new clusters recorded outside the process before
-//! their writes complete, and the tables written back at the guest's flush.
+//! `metadata-commit=journal` (and `auto`, the default, wherever a journal can be kept): the
+//! mappings of new clusters recorded outside the process before their writes complete, and the
+//! tables written back at the guest's flush.
 //!
-//! The default mode writes imago's tables back before a write into a new cluster completes, so
-//! that a crash of mqblk, which a guest outlives through a reconnect, loses no acknowledged
-//! write. What that needs is the mapping out of the process, not the tables on the disk: this
-//! journal is a file beside the image, mapped shared, and a record is two stores into the
-//! mapping. A dead process's stores stay in the page cache. Nothing here is ever synced:
+//! `metadata-commit=write` writes imago's tables back before a write into a new cluster
+//! completes, so that a crash of mqblk, which a guest outlives through a reconnect, loses no
+//! acknowledged write. What that needs is the mapping out of the process, not the tables on the
+//! disk: this journal is a file in the daemon's state directory
+//! ([`journal_path`](crate::format::qcow2::journal_path)), mapped shared, and a record is two
+//! stores into the mapping. A dead process's stores stay in the page cache. Nothing here is ever synced:
 //! after a power loss the guest went down too and loses what it did not flush, and the image
 //! holds the tables of its last write-back, in qcow2's order ([`write_order`]).
 //!
@@ -33,7 +35,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -91,6 +93,8 @@ pub struct MappingJournal {
     len: usize,
     /// The file, for the staging area past the mapping.
     file: File,
+    /// Where the file is, for messages.
+    path: PathBuf,
     capacity: u64,
     cluster_bits: u32,
     /// The image file's identity, as the header records it.
@@ -185,14 +189,10 @@ pub fn capacity_for(cluster_bits: u32) -> u64 {
 }
 
 impl MappingJournal {
-    /// Opens the journal of the image at `image` (`image_file`, open), creating it if
-    /// `create`; leaves what it holds as it is.
-    pub fn open(
-        image: &Path,
-        image_file: &File,
-        cluster_bits: u32,
-        create: bool,
-    ) -> io::Result<MappingJournal> {
+    /// Opens the journal of the image file `image_file` (in the state directory:
+    /// [`journal_path`](crate::format::qcow2::journal_path)), creating it if `create` (and its
+    /// directory, unless the daemon is confined); leaves what it holds as it is.
+    pub fn open(image_file: &File, cluster_bits: u32, create: bool) -> io::Result<MappingJournal> {
         if boot_id().is_none() {
             // Without it a crash would read as a reboot, and its records would not be replayed.
             return Err(io::Error::new(
@@ -202,7 +202,14 @@ impl MappingJournal {
                  metadata-commit=write or flush",
             ));
         }
-        let path = crate::format::qcow2::journal_path(image);
+        let path = crate::format::qcow2::journal_path_of(&image_file.metadata()?);
+        // A confined daemon made its directory before the sandbox closed (`sandbox::enter`).
+        if create && !crate::sandbox::confined() {
+            crate::config::state_dir::make_qcow2_journals(
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            )?;
+        }
         let capacity = capacity_for(cluster_bits);
         let mapped = HEADER + (capacity * 16).next_multiple_of(4096);
         let file_len = mapped + (capacity << cluster_bits);
@@ -212,7 +219,8 @@ impl MappingJournal {
             .create(create)
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC)
-            .open(&path)?;
+            .open(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         if file.metadata()?.len() != file_len {
             // Made anew, or left by a build of another layout: emptied of a header this one
             // would read, and the mapped part written, so that a store into the mapping never
@@ -243,12 +251,18 @@ impl MappingJournal {
             ptr: ptr.cast(),
             len,
             file,
+            path,
             capacity,
             cluster_bits,
             identity,
             ours: false,
             generation: 0,
         })
+    }
+
+    /// Where the journal is.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// How many records it holds at most.
@@ -496,7 +510,6 @@ impl Drop for MappingJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
 
     /// The records `j` holds for a replay of this boot, which it must hold.
     fn this_boot(j: &MappingJournal) -> Vec<(u64, Mapped)> {
@@ -506,25 +519,43 @@ mod tests {
         }
     }
 
-    fn journal(dir: &Path) -> (PathBuf, File, MappingJournal) {
+    /// Removes a test's journal from the state directory when dropped.
+    struct Removed(PathBuf);
+
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// The journal of the image file `f`, removed now too: one of a deleted file whose inode
+    /// `f` took may be left in the state directory.
+    fn journal_of(f: &File) -> Removed {
+        let path = crate::format::qcow2::journal_path_of(&f.metadata().unwrap());
+        let _ = std::fs::remove_file(&path);
+        Removed(path)
+    }
+
+    fn journal(dir: &Path) -> (Removed, File, MappingJournal) {
         let img = dir.join("disk.qcow2");
         std::fs::write(&img, b"image").unwrap();
         let f = File::open(&img).unwrap();
-        let j = MappingJournal::open(&img, &f, 16, true).unwrap();
-        (img, f, j)
+        let removed = journal_of(&f);
+        let j = MappingJournal::open(&f, 16, true).unwrap();
+        (removed, f, j)
     }
 
     #[test]
     fn the_last_record_of_each_cluster_is_pending_until_a_write_back_covers_it() {
         let dir = tempfile::tempdir().unwrap();
-        let (img, f, mut j) = journal(dir.path());
+        let (_removed, f, mut j) = journal(dir.path());
         assert!(matches!(j.pending_records(), Pending::None), "nothing yet");
         assert!(j.append(&[(3, Mapped::Data(0x30000)), (1, Mapped::Data(0x40000))]));
         assert!(j.append(&[(3, Mapped::Zero)]));
         let covered = j.position();
         assert!(j.append(&[(7, Mapped::Data(0x50000))]));
         // What another process (a replay after a crash) reads.
-        let other = MappingJournal::open(&img, &f, 16, false).unwrap();
+        let other = MappingJournal::open(&f, 16, false).unwrap();
         match other.pending_records() {
             Pending::ThisBoot { records, staged } => {
                 assert!(!staged);
@@ -568,12 +599,12 @@ mod tests {
     #[test]
     fn an_image_taken_over_forgets_what_another_process_recorded() {
         let dir = tempfile::tempdir().unwrap();
-        let (img, f, mut crashed) = journal(dir.path());
+        let (_removed, f, mut crashed) = journal(dir.path());
         assert!(crashed.append(&[(4, Mapped::Data(0x60000))]));
         // The next process to take the image (after the mark was repaired by another program,
         // say) empties the journal before it marks the image: its own mark, should it die
         // before its first record, is not taken for the crashed process's records.
-        let mut next = MappingJournal::open(&img, &f, 16, false).unwrap();
+        let mut next = MappingJournal::open(&f, 16, false).unwrap();
         assert!(matches!(next.pending_records(), Pending::ThisBoot { .. }));
         next.forget_others();
         assert!(matches!(next.pending_records(), Pending::Nothing));
@@ -586,7 +617,7 @@ mod tests {
     #[test]
     fn a_full_journal_refuses_records_until_a_write_back_drops_some() {
         let dir = tempfile::tempdir().unwrap();
-        let (_img, _f, mut j) = journal(dir.path());
+        let (_removed, _f, mut j) = journal(dir.path());
         let cap = j.capacity();
         assert_eq!(cap, 1024, "64 MiB of 64 KiB clusters");
         for i in 0..cap {
@@ -609,24 +640,29 @@ mod tests {
     #[test]
     fn a_journal_of_another_boot_or_another_file_covers_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let (img, f, mut j) = journal(dir.path());
+        let (removed, f, mut j) = journal(dir.path());
         assert!(j.append(&[(1, Mapped::Zero)]));
         // Another boot's id.
         j.bytes_mut(AT_BOOT_ID, 1)[0] ^= 1;
-        let other = MappingJournal::open(&img, &f, 16, false).unwrap();
+        let other = MappingJournal::open(&f, 16, false).unwrap();
         assert!(matches!(other.pending_records(), Pending::OtherBoot));
         j.bytes_mut(AT_BOOT_ID, 1)[0] ^= 1;
         assert!(matches!(other.pending_records(), Pending::ThisBoot { .. }));
-        // The same name, another file.
-        std::fs::remove_file(&img).unwrap();
-        std::fs::write(&img, b"image").unwrap();
-        let f2 = File::open(&img).unwrap();
-        let other = MappingJournal::open(&img, &f2, 16, false).unwrap();
+        // A journal named after another file (an inode number used again by a file made
+        // anew): its header names the first file.
+        let img2 = dir.path().join("disk2.qcow2");
+        std::fs::write(&img2, b"image").unwrap();
+        let f2 = File::open(&img2).unwrap();
+        let removed2 = journal_of(&f2);
+        std::fs::copy(&removed.0, &removed2.0).unwrap();
+        let other = MappingJournal::open(&f2, 16, false).unwrap();
         assert!(matches!(other.pending_records(), Pending::None));
         // Not created when asked not to.
         let none = dir.path().join("none.qcow2");
         std::fs::write(&none, b"x").unwrap();
-        let e = MappingJournal::open(&none, &File::open(&none).unwrap(), 16, false);
+        let none = File::open(&none).unwrap();
+        let _removed_none = journal_of(&none);
+        let e = MappingJournal::open(&none, 16, false);
         assert_eq!(e.err().map(|e| e.kind()), Some(io::ErrorKind::NotFound));
     }
 }

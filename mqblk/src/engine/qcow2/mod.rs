@@ -191,9 +191,12 @@ fn open_path(path: &Path, cfg: &ExportConfig) -> Result<Qcow2Engine, OpenError> 
     // the crash) is refused as dirty.
     let marked_by_journal =
         !cfg.readonly && !marked_live && header::marked_by_journal(&header::read_head(path)?);
-    let crashed_journal = cfg.keeps_qcow2_journal() && marked_by_journal;
-    // Missing, or empty: made at startup for the sandbox (`daemon::serve`), never written.
-    let journal = qcow2_format::journal_path(path);
+    let crashed_journal = cfg.may_keep_qcow2_journal() && marked_by_journal;
+    let journal = qcow2_format::journal_path(path).map_err(|err| OpenError::Io {
+        what: "cannot read the metadata of",
+        path: path.display().to_string(),
+        err,
+    })?;
     let journal_made = std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0);
     if marked_by_journal && !crashed_journal && journal_made {
         // Refused as dirty otherwise, and the repair named there drops what the journal holds.

@@ -8,13 +8,23 @@ pub mod header;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// Where mqblk keeps the metadata journal of the qcow2 image at `image` with
-/// `metadata-commit=journal`: beside it, named after it (`IMAGE.mqblk-journal`; the engine's
-/// `mapping_journal` says what it holds).
-pub fn journal_path(image: &Path) -> PathBuf {
-    let mut name = image.file_name().unwrap_or_default().to_os_string();
-    name.push(".mqblk-journal");
-    image.with_file_name(name)
+/// Where mqblk keeps the metadata journal of the qcow2 image at `image` (which must exist) with
+/// `metadata-commit=journal` or `auto`: in its user's journals' directory in the state directory
+/// ([`state_dir`](crate::config::state_dir)), named after the image file's device and inode, so
+/// that nothing is left beside the image (where libvirt's directory pools would list it) and a
+/// rename of the image keeps its journal. The engine's `mapping_journal` says what it holds.
+pub fn journal_path(image: &Path) -> io::Result<PathBuf> {
+    Ok(journal_path_of(&std::fs::metadata(image)?))
+}
+
+/// [`journal_path`] of the image file whose metadata is `image`.
+pub fn journal_path_of(image: &std::fs::Metadata) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    crate::config::state_dir::qcow2_journals().join(format!(
+        "{:x}-{:x}.journal",
+        image.dev(),
+        image.ino()
+    ))
 }
 
 /// The most images a backing chain may hold, the top included. imago (0.2.6) follows a chain
@@ -80,7 +90,7 @@ pub enum Qcow2Error {
     FlushCommitNeedsV3(String),
     /// An image a crash left marked, served with `metadata-commit=journal`, whose journal is
     /// not there.
-    #[error("{image} is marked dirty and its metadata journal {journal} is missing: the writes into new clusters acknowledged since the guest's last flush are lost; repair the image with `qemu-img check -r all {image}` first")]
+    #[error("{image} is marked dirty and its metadata journal {journal} is missing (a daemon with another --state-dir keeps it there: serve the image with that one); without it the writes into new clusters acknowledged since the guest's last flush are lost; repair the image with `qemu-img check -r all {image}` first")]
     JournalMissing {
         /// The image.
         image: String,
