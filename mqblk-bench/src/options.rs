@@ -108,8 +108,9 @@ pub struct BenchArgs {
     /// puts its stats file in DIR instead of the run's temporary directory (on /dev/shm where
     /// there is one), e.g. on the image's filesystem to see what rewriting a file there every
     /// 100 ms costs (docs/PERFORMANCE.md 1a); `sandbox=auto|strict|off` serves that variant
-    /// with `--sandbox` set so (what confinement costs); `format=raw` (with --format qcow2 or
-    /// qcow2-overlay) serves that variant the raw image instead of the qcow2 one.
+    /// with `--sandbox` set so (what confinement costs); `state-dir=DIR` with `--state-dir`
+    /// (where the qcow2 journals are); `format=raw` (with --format qcow2 or qcow2-overlay)
+    /// serves that variant the raw image instead of the qcow2 one.
     #[arg(long = "mqblk-opts", value_name = "KEYS")]
     pub mqblk_opts: Vec<String>,
     /// Clients, comma-separated: libblkio (its virtio-blk-vhost-user driver, as fio's libblkio

@@ -33,9 +33,17 @@ use self::usage::measure;
 pub use self::usage::{parse_host_busy_ticks, parse_stat_ticks, parse_status, ProcMem};
 
 /// Keys of a `--mqblk-opts` variant that the bench takes for itself (the others are export
-/// keys): the mqblk executable, the directory of its stats file, its `--sandbox`, which device
-/// an nvme run serves, and `format=raw` (serve the raw image in a qcow2 run).
-const BENCH_KEYS: [&str; 5] = ["bin", "stats-dir", "sandbox", "nvme-via", "format"];
+/// keys): the mqblk executable, the directory of its stats file, its `--sandbox` and
+/// `--state-dir`, which device an nvme run serves, and `format=raw` (serve the raw image in a
+/// qcow2 run).
+const BENCH_KEYS: [&str; 6] = [
+    "bin",
+    "stats-dir",
+    "sandbox",
+    "state-dir",
+    "nvme-via",
+    "format",
+];
 
 /// The cluster size of the qcow2 images the bench makes (qemu-img's default).
 const QCOW2_CLUSTER: u64 = 64 << 10;

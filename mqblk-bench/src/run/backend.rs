@@ -101,6 +101,9 @@ impl RunEnv<'_> {
         if let Some(mode) = self.variant_value(p, "sandbox") {
             cmd.arg("--sandbox").arg(mode);
         }
+        if let Some(dir) = self.variant_value(p, "state-dir") {
+            cmd.arg("--state-dir").arg(dir);
+        }
         cmd
     }
 
