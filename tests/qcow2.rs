@@ -454,12 +454,11 @@ fn with_metadata_commit_flush_a_live_server_s_mark_lets_a_destination_open_and_a
     live_server_mark_handover(true);
 }
 
-/// The same handover with the destination in the default mode (`metadata-commit=write`), as
+/// The same handover with the destination in `metadata-commit=write`, as
 /// when an operator changes the mode across a migration: the source's live mark lets it open,
 /// and a crashed source's mark keeps its queues from starting.
 #[test]
-fn a_default_mode_destination_takes_over_from_a_live_flush_mode_source_and_not_from_a_crashed_one()
-{
+fn a_write_mode_destination_takes_over_from_a_live_flush_mode_source_and_not_from_a_crashed_one() {
     live_server_mark_handover(false);
 }
 
@@ -2200,7 +2199,7 @@ fn an_image_whose_refcount_blocks_lie_far_apart_past_its_end_takes_little_of_its
 /// count what it does, and a guest flush after writes into new clusters syncs the image file
 /// only as often as qcow2's order needs: with `metadata-commit=flush`, once before the L2
 /// tables (covering the new clusters' data and the refcount blocks that count them) and once
-/// at the end; in the default mode, where each write's tables were written back (after a sync)
+/// at the end; with `write`, where each write's tables were written back (after a sync)
 /// before it completed, once.
 #[test]
 fn the_metadata_counters_count_write_backs_and_a_flush_syncs_only_as_qcow2_s_order_needs() {

@@ -1,7 +1,7 @@
 //! What a qcow2 export's metadata path has done, for the management API and the metrics: the
 //! requests its worker performed, the group commits that wrote imago's tables back, and the
 //! syncs of the image file, with the time each took. The time of a write-back or a sync is
-//! what an allocating write waits for (in the default `metadata-commit=write`), so these say
+//! what an allocating write waits for (with `metadata-commit=write`), so these say
 //! how much of a slow allocating write is the store's sync latency.
 //!
 //! One set per export, kept across snapshots (each new top counts into the same set), so that

@@ -26,7 +26,7 @@
 //! `tail`. A write-back that began at `tail` = *n* covers the first *n* records (their mappings
 //! were in imago's tables when it began), which it drops by moving `head` to *n*. A journal
 //! past half full asks the worker for such a write-back; a full one makes a job write the
-//! tables back itself, as the default mode does.
+//! tables back itself, as `metadata-commit=write` does.
 //!
 //! [`write_order`]: super::write_order
 //! [`journal_replay`]: super::journal_replay

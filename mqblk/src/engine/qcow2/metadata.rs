@@ -31,7 +31,7 @@
 //! dirty ([`dirty_mark`](super::dirty_mark)), which the flush clears. `metadata-commit=journal`
 //! does the same, and records the mappings a job made in the image's journal before the job
 //! completes ([`mapping_journal`](super::mapping_journal)); a job whose records do not fit
-//! waits for a write-back, as in the default mode, and a journal half full has one started.
+//! waits for a write-back, as with `metadata-commit=write`, and a journal half full has one started.
 
 use std::io;
 use std::os::fd::OwnedFd;

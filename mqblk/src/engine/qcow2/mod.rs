@@ -360,7 +360,8 @@ impl Qcow2Engine {
         block_on(image.access.flush())?;
         clear_dirty_mark(image, answered)?;
         image.journal_written_back(recorded);
-        // In the default mode this process never marks the file, so any mark is another's.
+        // With `metadata-commit=write` this process never marks the file, so any mark is
+        // another's.
         let marked_here = image
             .dirty
             .as_ref()
