@@ -143,9 +143,9 @@ pub fn serve(exports: Vec<ExportConfig>, opts: &ServeOptions) -> Result<(), Erro
 }
 
 /// Makes the directory of the qcow2 metadata journals (in the state directory) for the sandbox
-/// to grant (and to make the daemon's user's own in), where a startup export may keep a journal or the API may add one that does. A
-/// failure is left for the exports' opens: `metadata-commit=auto` then does without a journal,
-/// `journal` fails.
+/// to grant (and to make the daemon's user's own in), where a startup export may keep a journal
+/// or the API may add one that does. A failure is left for the exports' opens:
+/// `metadata-commit=auto` then does without a journal, `journal` fails.
 fn make_journal_directory(exports: &[ExportConfig], opts: &ServeOptions) {
     let startup = exports.iter().any(ExportConfig::may_keep_qcow2_journal);
     if !startup && opts.api_socket.is_none() {
@@ -154,9 +154,18 @@ fn make_journal_directory(exports: &[ExportConfig], opts: &ServeOptions) {
     if let Err(err) = crate::config::state_dir::make_qcow2_journals_root() {
         let dir = crate::config::state_dir::qcow2_journals_root();
         if startup {
-            tracing::warn!(dir = %dir.display(), %err, "cannot make the directory of the qcow2 metadata journals (give mqblk serve a --state-dir it can write)");
+            tracing::warn!(
+                dir = %dir.display(),
+                %err,
+                "cannot make the directory of the qcow2 metadata journals (give mqblk serve a \
+                 --state-dir it can write)"
+            );
         } else {
-            tracing::debug!(dir = %dir.display(), %err, "cannot make the directory of the qcow2 metadata journals");
+            tracing::debug!(
+                dir = %dir.display(),
+                %err,
+                "cannot make the directory of the qcow2 metadata journals"
+            );
         }
     }
 }

@@ -7,9 +7,9 @@
 //! acknowledged write. What that needs is the mapping out of the process, not the tables on the
 //! disk: this journal is a file in the daemon's state directory
 //! ([`journal_path`](crate::format::qcow2::journal_path)), mapped shared, and a record is two
-//! stores into the mapping. A dead process's stores stay in the page cache. Nothing here is ever synced:
-//! after a power loss the guest went down too and loses what it did not flush, and the image
-//! holds the tables of its last write-back, in qcow2's order ([`write_order`]).
+//! stores into the mapping. A dead process's stores stay in the page cache. Nothing here is
+//! ever synced: after a power loss the guest went down too and loses what it did not flush, and
+//! the image holds the tables of its last write-back, in qcow2's order ([`write_order`]).
 //!
 //! The image is served as with `metadata-commit=flush` (marked dirty while its file lacks
 //! mappings of completed writes, written back at the guest's flush), and every completed job

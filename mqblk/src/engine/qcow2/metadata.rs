@@ -15,23 +15,24 @@
 //! another thread, and one ring carries all the I/O. Measured (docs/PERFORMANCE.md section 13):
 //! 1.4-1.6x the allocating writes of two or four workers, at 0.5-0.7x the CPU per write.
 //!
-//! Metadata a job changed is written to the image file before the job completes, after the
-//! job's data: mqblk may crash while the guest lives on, so what it acknowledged must be in the
-//! kernel's hands, metadata included. What a metadata write depends on (the refcount block
-//! that counts a new cluster, and the cluster's data, before the L2 table that maps it)
-//! reaches stable storage before it ([`write_order`](super::write_order)): a new cluster holds
-//! backing data the guest never wrote, which an L2 entry on disk without it would lose in a
-//! power loss. The worker does that as a group commit: one write-back, with one sync before
-//! its L2 tables, covers every job that finished before it began. A guest flush syncs data
-//! written into new clusters first, then writes back whatever imago still holds and syncs
-//! everything.
+//! With `metadata-commit=write`, metadata a job changed is written to the image file before
+//! the job completes, after the job's data: mqblk may crash while the guest lives on, so what
+//! it acknowledged must be in the kernel's hands, metadata included. What a metadata write
+//! depends on (the refcount block that counts a new cluster, and the cluster's data, before
+//! the L2 table that maps it) reaches stable storage before it
+//! ([`write_order`](super::write_order)): a new cluster holds backing data the guest never
+//! wrote, which an L2 entry on disk without it would lose in a power loss. The worker does that
+//! as a group commit: one write-back, with one sync before its L2 tables, covers every job that
+//! finished before it began. A guest flush syncs data written into new clusters first, then
+//! writes back whatever imago still holds and syncs everything.
 //!
 //! With `metadata-commit=flush` a job's metadata waits for the guest's flush instead, as with
 //! QEMU's qcow2 driver, and a job completes once its data is written and the file is marked
 //! dirty ([`dirty_mark`](super::dirty_mark)), which the flush clears. `metadata-commit=journal`
 //! does the same, and records the mappings a job made in the image's journal before the job
 //! completes ([`mapping_journal`](super::mapping_journal)); a job whose records do not fit
-//! waits for a write-back, as with `metadata-commit=write`, and a journal half full has one started.
+//! waits for a write-back, as with `write`, and a journal half full has one started. The
+//! default, `auto`, is `journal` wherever the image can keep one, else `write`.
 
 use std::io;
 use std::os::fd::OwnedFd;
