@@ -209,6 +209,28 @@ fn assert_reads_back(acked: &BTreeMap<u64, Block>, mut read: impl FnMut(u64) -> 
     assert!(lost.is_empty(), "blocks lost or wrong: {lost:?}");
 }
 
+/// Serves `export` again after its crash, which replays the journal (and says so).
+fn start_replaying(dir: &TestDir, export: &Export) -> Daemon {
+    let d = Daemon::start(dir, std::slice::from_ref(export));
+    assert!(
+        d.log().contains("mappings its metadata journal recorded"),
+        "no replay logged:\n{}",
+        d.log()
+    );
+    d
+}
+
+/// The image at `img`, no longer served, is unmarked, checks clean, and QEMU reads every block
+/// of `acked` from it.
+fn assert_qemu_reads_back(dir: &TestDir, img: &Path, acked: &BTreeMap<u64, Block>) {
+    assert_eq!(dirty_bit(img), 0);
+    assert_checks_clean(img, true);
+    let back = read_through_qemu(img, &dir.join("back.raw"));
+    assert_reads_back(acked, |offset| {
+        back[offset as usize..(offset + BLOCK) as usize].to_vec()
+    });
+}
+
 /// SIGKILL under a stream of writes into new clusters, writes in place and zeroings, with one
 /// flush early on: the image is left marked, the journal beside it. Served again in the same
 /// mode, the journal is replayed: every acknowledged block reads back through mqblk, the image
@@ -233,12 +255,7 @@ fn a_crash_loses_no_acknowledged_write_and_a_restart_replays_the_journal() {
         );
     }
 
-    let d = Daemon::start(&dir, std::slice::from_ref(&export));
-    assert!(
-        d.log().contains("mappings its metadata journal recorded"),
-        "no replay logged:\n{}",
-        d.log()
-    );
+    let d = start_replaying(&dir, &export);
     assert_eq!(dirty_bit(&img), 0, "unmarked once replayed");
     let mut c = Client::connect(&sock, 1).unwrap();
     assert_reads_back(&acked, |offset| {
@@ -246,12 +263,7 @@ fn a_crash_loses_no_acknowledged_write_and_a_restart_replays_the_journal() {
     });
     drop(c);
     d.terminate();
-    assert_eq!(dirty_bit(&img), 0);
-    assert_checks_clean(&img, true);
-    let back = read_through_qemu(&img, &dir.join("back.raw"));
-    assert_reads_back(&acked, |offset| {
-        back[offset as usize..(offset + BLOCK) as usize].to_vec()
-    });
+    assert_qemu_reads_back(&dir, &img, &acked);
 }
 
 /// The same crash, with the journal's boot id made another's: the machine went down with the
@@ -337,12 +349,7 @@ fn replay_journal_hands_a_crashed_image_to_qemu_with_every_acknowledged_write() 
         ok && out.contains("unmarked") && out.contains("mappings its metadata journal recorded"),
         "{out}"
     );
-    assert_eq!(dirty_bit(&img), 0);
-    assert_checks_clean(&img, true);
-    let back = read_through_qemu(&img, &dir.join("back.raw"));
-    assert_reads_back(&acked, |offset| {
-        back[offset as usize..(offset + BLOCK) as usize].to_vec()
-    });
+    assert_qemu_reads_back(&dir, &img, &acked);
     let (ok, out) = replay_journal(&img);
     assert!(ok && out.contains("nothing to replay"), "{out}");
     // QEMU writes the image (clearing the journal's autoclear bit) and leaves it marked.
@@ -495,8 +502,7 @@ fn a_replay_cut_short_runs_again_from_what_it_staged() {
     // The journal's state (the header's byte 96): staged.
     assert_eq!(std::fs::read(journal_of(&img)).unwrap()[96], 2, "staged");
 
-    let d = Daemon::start(&dir, std::slice::from_ref(&export));
-    assert!(d.log().contains("mappings its metadata journal recorded"));
+    let d = start_replaying(&dir, &export);
     let mut c = Client::connect(&sock, 1).unwrap();
     assert_reads_back(&acked, |offset| {
         c.read_vec(0, offset, BLOCK as usize).expect("read")
@@ -534,19 +540,9 @@ fn the_default_mode_journals_a_version_3_image_and_replays_it_after_a_crash() {
         .collect();
     assert!(beside.is_empty(), "beside the image: {beside:?}");
 
-    let d = Daemon::start(&dir, std::slice::from_ref(&export));
-    assert!(
-        d.log().contains("mappings its metadata journal recorded"),
-        "no replay logged:\n{}",
-        d.log()
-    );
+    let d = start_replaying(&dir, &export);
     d.terminate();
-    assert_eq!(dirty_bit(&img), 0);
-    assert_checks_clean(&img, true);
-    let back = read_through_qemu(&img, &dir.join("back.raw"));
-    assert_reads_back(&acked, |offset| {
-        back[offset as usize..(offset + BLOCK) as usize].to_vec()
-    });
+    assert_qemu_reads_back(&dir, &img, &acked);
 }
 
 /// Where no journal can be kept, the default takes `metadata-commit=write` and says so at the
