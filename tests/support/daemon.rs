@@ -98,6 +98,31 @@ impl Default for TestDir {
     }
 }
 
+impl Drop for TestDir {
+    /// Removes the qcow2 metadata journals the test's images left in the daemon's state
+    /// directory (named after each image file, which the directory's removal then deletes).
+    fn drop(&mut self) {
+        fn journals_of(dir: &Path) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => journals_of(&path),
+                    Ok(t) if t.is_file() => {
+                        if let Ok(journal) = mqblk::format::qcow2::journal_path(&path) {
+                            let _ = std::fs::remove_file(journal);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        journals_of(self.dir.path());
+    }
+}
+
 /// Writes an image file of `size` bytes; see [`TestDir::image`].
 pub fn write_image(path: &Path, size: u64, seed: Option<u64>) {
     let f = File::create(path).expect("creating image");
