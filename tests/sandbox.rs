@@ -331,6 +331,15 @@ fn a_qcow2_export_added_under_a_memlock_limit_it_cannot_lift_registers_its_worke
         "the worker's region counted against the limit:\n{}",
         daemon.log()
     );
+    // Added after the sandbox closed the filesystem, it keeps a journal (the default
+    // metadata-commit=auto) in the journals' directory the sandbox granted at startup.
+    assert!(
+        daemon
+            .log()
+            .contains("new clusters' mappings are journaled"),
+        "{}",
+        daemon.log()
+    );
     let threads = assert_confined(daemon.pid(), 1);
     let worker = threads.iter().find(|t| t.name.starts_with("qcow2"));
     let worker = worker.unwrap_or_else(|| panic!("no metadata worker thread: {threads:#?}"));
