@@ -83,20 +83,31 @@ pub fn make_qcow2_journals_root() -> io::Result<PathBuf> {
 }
 
 /// Makes the journals' directory of the user `uid` (group `gid`) if it is missing: its own,
-/// readable by it only (a journal says where a guest's data lies in its image). Returns it.
-/// Where it exists already, it makes no call that the sandbox's seccomp filter forbids.
+/// readable by it only (a journal says where a guest's data lies in its image). One that
+/// another user owns (made by a root daemon of another build, say) is given to `uid`, which
+/// only root can do. Returns it. Where it exists already and is `uid`'s, it makes no call
+/// that the sandbox's seccomp filter forbids.
 pub fn make_qcow2_journals(uid: u32, gid: u32) -> io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
     let dir = qcow2_journals_of(uid);
-    if dir.is_dir() {
-        return Ok(dir);
-    }
-    make_qcow2_journals_root()?;
-    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => rustix::fs::chown(
+    let give = || {
+        rustix::fs::chown(
             &dir,
             Some(rustix::process::Uid::from_raw(uid)),
             Some(rustix::process::Gid::from_raw(gid)),
-        )?,
+        )
+    };
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() && m.uid() == uid => return Ok(dir),
+        Ok(m) if m.is_dir() => {
+            give()?;
+            return Ok(dir);
+        }
+        _ => {}
+    }
+    make_qcow2_journals_root()?;
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => give()?,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
